@@ -1,0 +1,1 @@
+"""Built-in estimators and target-free controls for bt-bench."""
