@@ -31,7 +31,9 @@ __all__ = [
     "chance",
     "fraction_of_headroom",
     "lift",
+    "mean_bootstrap",
     "precision_at_k",
+    "precision_tie_range",
     "precision_bootstrap",
     "precision_ceiling",
     "precision_difference_bootstrap",
@@ -170,6 +172,24 @@ def precision_at_k(scores: object, is_gt: object, k: int | None = None) -> float
     w = np.ones((1, n))
     credit = _block_credit(s, w, w * gt, np.array([float(k)]))
     return float(credit[0] / k)
+
+
+def precision_tie_range(scores: object, is_gt: object, k: int | None = None) -> tuple[float, float]:
+    """Precision@k with ties broken against and in favour of the ground truth.
+
+    The tie-aware :func:`precision_at_k` lies between the two; a wide range means the estimator's
+    ranking is decided by ties (e.g. step-granular scores), not by its scores.
+
+    Returns:
+        ``(pessimistic, optimistic)`` precision in ``[0, 1]``.
+    """
+    s = _as_scores(scores)
+    gt = _as_bool(is_gt, s.shape[0], "is_gt")
+    k = int(gt.sum()) if k is None else k
+    precision_at_k(s, gt, k)  # validates k and the ground truth
+    worst = np.lexsort((gt, -s))[:k]   # ties: non-GT first
+    best = np.lexsort((~gt, -s))[:k]   # ties: GT first
+    return float(gt[worst].mean()), float(gt[best].mean())
 
 
 def chance(n_gt: int, n: int) -> float:
@@ -377,6 +397,35 @@ def bootstrap_counts(n_groups: int, n_boot: int, seed: int) -> np.ndarray:
     draws = rng.integers(0, n_groups, size=(n_boot, n_groups))
     flat = (np.arange(n_boot)[:, None] * n_groups + draws).ravel()
     return np.bincount(flat, minlength=n_boot * n_groups).reshape(n_boot, n_groups)
+
+
+def mean_bootstrap(
+    values: object,
+    groups: object | None = None,
+    *,
+    n_boot: int = 5000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Interval:
+    """Mean of ``values`` with a cluster-bootstrap interval (each value its own cluster by default).
+
+    Args:
+        values: ``(n,)`` finite floats (e.g. per-response cosines).
+        groups: optional ``(n,)`` cluster ids; whole clusters are resampled.
+        n_boot: resamples. level: coverage. seed: rng seed.
+
+    Returns:
+        :class:`Interval` of the mean, ``n`` = number of values.
+    """
+    _check_level(level)
+    v = _as_scores(values, "values")
+    if v.size == 0:
+        raise MetricInputError("values is empty; a mean needs at least one value.")
+    codes, n_groups = _as_groups(np.arange(v.size) if groups is None else groups, v.size)
+    sums = np.bincount(codes, weights=v, minlength=n_groups)
+    sizes = np.bincount(codes, minlength=n_groups).astype(float)
+    counts = bootstrap_counts(n_groups, n_boot, seed)
+    return _interval(float(v.mean()), (counts @ sums) / (counts @ sizes), level, int(v.size))
 
 
 def _interval(point: float, samples: np.ndarray, level: float, n: int) -> Interval:

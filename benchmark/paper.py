@@ -239,13 +239,9 @@ def token_level_rows(seed: str, path: Path, *, n_boot: int = 5000) -> list[Row]:
         arr = np.asarray(values, dtype=np.float64)
         if arr.ndim != 1 or arr.size == 0:
             raise InputFileError(f"{path}: {key!r} must be a non-empty list of numbers.")
-        # every response is its own cluster: a plain bootstrap of the mean
-        rng = np.random.default_rng(0)
-        idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
-        boots = arr[idx].mean(axis=1)
-        lo, hi = np.quantile(boots, [0.025, 0.975])
-        out.append(Row(seed, f"token_level_temp{temp}", key, float(arr.mean()), float(lo),
-                       float(hi), None, None, int(arr.size)))
+        iv = metrics.mean_bootstrap(arr, n_boot=n_boot, seed=0)  # each response a cluster
+        out.append(Row(seed, f"token_level_temp{temp}", key, iv.point, iv.lo, iv.hi, None, None,
+                       iv.n))
     return out
 
 

@@ -307,3 +307,24 @@ def test_interval_helpers_and_bad_arguments():
         M.auc_bootstrap(s, y, g, level=95)
     with pytest.raises(MetricInputError, match="groups must have shape"):
         M.auc_bootstrap(s, y, g[:-1])
+
+
+def test_tie_range_brackets_tie_aware_precision():
+    scores = np.array([3, 2, 2, 2, 1.0])
+    gt = np.array([0, 1, 0, 1, 1], bool)
+    lo, hi = M.precision_tie_range(scores, gt)  # k = 3: {3} then 2 of the 3 tied
+    assert (lo, hi) == (pytest.approx(1 / 3), pytest.approx(2 / 3))
+    assert lo <= M.precision_at_k(scores, gt) <= hi
+
+
+def test_mean_bootstrap_matches_explicit_resampling():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=30)
+    groups = np.repeat(np.arange(10), 3)
+    iv = M.mean_bootstrap(values, groups, n_boot=50, seed=1)
+    counts = M.bootstrap_counts(10, 50, seed=1)
+    ref = [values[explicit_resample(groups, c)[0]].mean() for c in counts]
+    assert (iv.lo, iv.hi) == pytest.approx(tuple(np.quantile(ref, [0.025, 0.975])))
+    assert iv.point == pytest.approx(values.mean()) and iv.n == 30
+    with pytest.raises(MetricInputError, match="values is empty"):
+        M.mean_bootstrap([])
