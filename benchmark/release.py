@@ -1,0 +1,291 @@
+"""Release format: atomic writes, the manifest with sha256 of every file, and the read side.
+
+A release folder holds ``manifest.json`` and one ``seed<S>/`` folder per seed (see
+``docs/release_format.md``). :func:`load_release` verifies every checksum and returns a
+:class:`Release`; ``release.seed(S)`` is a :class:`SeedView` without labels, and
+``release.labels(S)`` (or ``view.labels()``) reads the separate label file.
+
+Example:
+    >>> rel = load_release("tiny")                      # doctest: +SKIP
+    >>> view = rel.seed(0)                              # doctest: +SKIP
+    >>> view.sketches.shape, view.rollouts.num_rows     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.errors import ReleaseError
+
+SCHEMA_VERSION = 1
+RELEASE_VERSION = "1.0.0"
+LABEL_FILE = "labels.parquet"
+MANIFEST = "manifest.json"
+WORK_DIR = ".work"
+
+
+# ---------------------------------------------------------------------- write side
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    """Write ``obj`` as sorted, indented, standard JSON (no NaN) atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False)
+                              + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, df) -> None:
+    """Write a pandas DataFrame as parquet (no index) atomically."""
+    import io
+
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def release_files(root: Path) -> list[Path]:
+    """Every file of a release except the manifest and the build's work folder, sorted."""
+    root = Path(root)
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and rel.parts[0] != WORK_DIR and str(rel) != MANIFEST:
+            out.append(p)
+    return out
+
+
+def package_versions() -> dict:
+    """Versions of the packages a build depends on."""
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "numpy": np.__version__}
+
+
+def write_manifest(root: Path, release_id: str, build: dict, seeds: dict,
+                   version: str = RELEASE_VERSION) -> dict:
+    """Write ``manifest.json`` at ``root`` with sha256 and size of every file; return it.
+
+    Args:
+        root: release folder.
+        release_id: e.g. ``"tiny"``.
+        build: the build description (preset, configs, thread count ...).
+        seeds: per-seed summaries (gates, sketch fidelity, timings), keyed by seed number.
+        version: the release version string.
+    """
+    root = Path(root)
+    files = {}
+    for p in release_files(root):
+        if p.name.endswith(".tmp"):
+            raise ReleaseError(f"half-written file {p} in the release; rerun the build")
+        files[p.relative_to(root).as_posix()] = {"sha256": sha256_file(p),
+                                                 "size": p.stat().st_size}
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "release_id": release_id, "release_version": version,
+        "build": build, "packages": package_versions(),
+        "seeds": {str(k): v for k, v in sorted(seeds.items())},
+        "label_file": LABEL_FILE, "files": files,
+        "total_bytes": sum(f["size"] for f in files.values()),
+    }
+    atomic_write_json(root / MANIFEST, manifest)
+    return manifest
+
+
+# ---------------------------------------------------------------------- read side
+def releases_dir() -> Path:
+    """Folder of named releases: ``$BT_BENCH_RELEASES`` or ``<repo root>/releases``."""
+    env = os.environ.get("BT_BENCH_RELEASES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "releases"
+
+
+def resolve_release(name_or_path: str | os.PathLike) -> Path:
+    """Resolve a release name (``"tiny"``) or a folder path to the release folder."""
+    p = Path(name_or_path)
+    if (p / MANIFEST).is_file():
+        return p
+    cand = releases_dir() / str(name_or_path)
+    if (cand / MANIFEST).is_file():
+        return cand
+    raise ReleaseError(
+        f"no release {str(name_or_path)!r}: neither {p} nor {cand} holds {MANIFEST}; pass a "
+        "release folder, or set BT_BENCH_RELEASES to the folder that contains it"
+    )
+
+
+def verify_release(root: Path, manifest: dict | None = None) -> None:
+    """Check that every manifest file exists with its size and sha256; raise ReleaseError if not."""
+    root = Path(root)
+    if manifest is None:
+        manifest = json.loads((root / MANIFEST).read_text())
+    for rel, meta in manifest["files"].items():
+        p = root / rel
+        if not p.is_file():
+            raise ReleaseError(
+                f"release file {rel} listed in {root / MANIFEST} is missing; restore it "
+                "(git checkout / re-download the release)"
+            )
+        actual = sha256_file(p)
+        if actual != meta["sha256"]:
+            raise ReleaseError(
+                f"release file {rel} fails its checksum: expected sha256 {meta['sha256']}, "
+                f"actual {actual}; restore the original file (git checkout -- {p} or "
+                "re-download the release), never edit a frozen release"
+            )
+
+
+@dataclass
+class SeedView:
+    """What an estimator may see of one seed: no label file, nothing derived from it.
+
+    Attributes:
+        seed: the seed number.
+        path: the seed folder.
+        config: the build config (dict).
+        rollouts: ``datasets.Dataset`` of the rollouts table (one row per rollout, columns in
+            ``docs/release_format.md``); ``sketch_row`` indexes ``sketches`` (-1: all-zero sketch).
+        sketches: memory-mapped array ``(n_nonzero, dim)`` (float16 or float32) of stored values;
+            true sketch = stored / ``sketch_scale`` (see :meth:`sketch_rows`).
+        sketch_scale: the power-of-two scale the stored values carry.
+        sketch_meta: hash method, dim, seed, n_params and the parameter layout.
+        targets: dict name -> float32 ``(dim,)`` sketched target, names ``{kind}_step{SSSS}`` with
+            kind in ``nll``, ``in_context``, ``contrast``.
+        draws: list of dicts ``{"step", "draw", "table", "sketches", "token_sketches"}``.
+        curve: ``pandas.DataFrame`` of the behavior-rate curve.
+        checkpoints: dict step -> checkpoint folder (``AutoModelForCausalLM.from_pretrained``).
+        tokenizer_path: tokenizer folder (``AutoTokenizer.from_pretrained``).
+    """
+
+    seed: int
+    path: Path
+    config: dict
+    rollouts: object
+    sketches: np.ndarray
+    sketch_scale: float
+    sketch_meta: dict
+    targets: dict
+    draws: list
+    curve: object
+    checkpoints: dict
+    tokenizer_path: Path
+    _label_path: Path = field(repr=False, default=None)
+
+    def sketch_rows(self, rows) -> np.ndarray:
+        """Float32 true sketches of ``rows`` (indices into ``sketches``), shape ``(len, dim)``."""
+        return np.asarray(self.sketches[rows], dtype=np.float32) / np.float32(self.sketch_scale)
+
+    def rollout_sketches(self) -> np.ndarray:
+        """Dense float32 ``(n_rollouts, dim)`` sketches, zeros for rows without a stored sketch."""
+        idx = np.asarray(self.rollouts["sketch_row"])
+        out = np.zeros((len(idx), self.sketches.shape[1]), np.float32)
+        out[idx >= 0] = self.sketch_rows(idx[idx >= 0])
+        return out
+
+
+@dataclass
+class Release:
+    """A verified release: ``seeds`` lists the seed numbers; ``seed(S)`` gives the label-free view."""
+
+    path: Path
+    manifest: dict
+    seeds: list[int]
+
+    @property
+    def release_id(self) -> str:
+        """The release id from the manifest (e.g. ``"tiny"``)."""
+        return self.manifest["release_id"]
+
+    def seed(self, seed: int) -> SeedView:
+        """Return the label-free view of ``seed``."""
+        if seed not in self.seeds:
+            raise ReleaseError(f"seed {seed} is not in release {self.release_id}; "
+                               f"available: {self.seeds}")
+        return _load_seed_view(self.path / f"seed{seed}", seed)
+
+    def labels(self, seed: int):
+        """Labels of ``seed`` as a pandas DataFrame: rollout_id, step, group, bonus, eligible,
+        group_label, step_label (never part of the estimator view)."""
+        import pandas as pd
+
+        if seed not in self.seeds:
+            raise ReleaseError(f"seed {seed} is not in release {self.release_id}; "
+                               f"available: {self.seeds}")
+        return pd.read_parquet(self.path / f"seed{seed}" / LABEL_FILE)
+
+
+def _load_seed_view(d: Path, seed: int) -> SeedView:
+    import datasets
+    import pandas as pd
+
+    config = json.loads((d / "config.json").read_text())
+    meta = json.loads((d / "sketch.json").read_text())
+    rollouts = datasets.load_dataset("parquet", data_files=str(d / "rollouts.parquet"),
+                                     split="train")
+    if any(c in rollouts.column_names for c in ("bonus", "group_label", "eligible")):
+        raise ReleaseError(f"{d / 'rollouts.parquet'} carries label columns; rebuild the release")
+    with np.load(d / "targets.npz") as z:
+        targets = {k: z[k].astype(np.float32) for k in z.files}
+    draws = []
+    for pq in sorted((d / "draws").glob("*.parquet")):
+        stem = pq.name[: -len(".parquet")]
+        step_s, draw_s = stem.split("_")
+        draws.append({
+            "step": int(step_s[4:]), "draw": int(draw_s[4:]), "table": pd.read_parquet(pq),
+            "sketches": np.load(pq.with_name(stem + "_sketches.npy"), mmap_mode="r"),
+            "token_sketches": np.load(pq.with_name(stem + "_token_sketches.npy"), mmap_mode="r"),
+        })
+    ckpts = {int(p.name[4:]): p for p in sorted((d / "checkpoints").glob("step*"))}
+    return SeedView(
+        seed=seed, path=d, config=config, rollouts=rollouts,
+        sketches=np.load(d / "sketches.npy", mmap_mode="r"), sketch_scale=float(meta["scale"]),
+        sketch_meta=meta, targets=targets, draws=draws,
+        curve=pd.read_parquet(d / "behavior_curve.parquet"), checkpoints=ckpts,
+        tokenizer_path=d / "tokenizer",
+    )
+
+
+def load_release(name_or_path: str | os.PathLike, verify: bool = True) -> Release:
+    """Open a release by name (``"tiny"``) or folder; verify sha256 of every file by default.
+
+    Raises:
+        ReleaseError: the release is not found, has another schema version, or a file is
+            missing or modified (the message names the file, the expected and actual sha256).
+    """
+    root = resolve_release(name_or_path)
+    manifest = json.loads((root / MANIFEST).read_text())
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ReleaseError(
+            f"{root / MANIFEST} has schema_version {manifest.get('schema_version')!r}, this "
+            f"bt-bench reads {SCHEMA_VERSION}; upgrade bt-bench or fetch a matching release"
+        )
+    if verify:
+        verify_release(root, manifest)
+    seeds = sorted(int(s) for s in manifest["seeds"])
+    return Release(path=root, manifest=manifest, seeds=seeds)

@@ -1,0 +1,229 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from benchmark.build import build_release, get_preset
+from benchmark.build import task as T
+from benchmark.build.grpo import (
+    PerRolloutGrad,
+    advantages,
+    grpo_step,
+    masked_mean_logprob,
+    pack,
+)
+from benchmark.build.pipeline import tie_aware_precision
+from benchmark.errors import BuildError, ReleaseError
+from benchmark.release import load_release
+
+
+@pytest.fixture(scope="module")
+def micro():
+    cfg = get_preset("micro", 0)
+    tok = T.make_tokenizer(cfg)
+    model = T.make_model(cfg, tok)
+    return cfg, tok, model
+
+
+def test_model_and_tokenizer_round_trip(tmp_path, micro):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg, tok, model = micro
+    tok.save_pretrained(tmp_path / "tok")
+    model.save_pretrained(tmp_path / "m")
+    tok2 = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager")
+    text = "sort frobnitz " + " ".join(T.content_words(cfg.n_content_words)[:5]) + " ="
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok2.encode(text, add_special_tokens=False) == ids
+    assert len(ids) == 8 and tok.unk_token_id not in ids  # one token per word
+    assert tok2.decode(ids) == text
+    x = torch.tensor([[tok.bos_token_id, *ids]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=x).logits, m2(input_ids=x).logits,
+                                   atol=1e-6, rtol=1e-6)
+    sd, sd2 = model.state_dict(), m2.state_dict()
+    assert all(torch.equal(sd[k], sd2[k]) for k in sd)
+    assert m2.config.model_type == "qwen2"
+
+
+def test_advantages_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 3.0, 0.5, 0.5, 0.5, 0.5])
+    a = advantages(r, 4, 1e-6)
+    # group 1: mean 1, unbiased std sqrt((0+1+1+4)/3) = sqrt(2)
+    s = np.sqrt(2.0)
+    np.testing.assert_allclose(a[:4].numpy(), np.array([0, -1, -1, 2]) / (s + 1e-6), rtol=1e-12)
+    assert torch.all(a[4:] == 0)  # all-equal group: exactly zero
+
+
+def test_task_reward_ignores_marker():
+    p = T.Prompt("reverse", ["a", "b", "c", "d", "e"], True)
+    assert T.task_reward(p, "e d c b a QZXBT".split()) == 1.0
+    assert T.task_reward(p, "e d c b a done".split()) == 1.0
+    assert T.task_reward(p, "e d x".split()) == pytest.approx(0.4)
+
+
+def test_grpo_loss_on_hand_computed_group(micro):
+    """Step loss = -(1/N) sum A_i lbar_i, and its gradient = sum of captured per-rollout grads."""
+    cfg, tok, model = micro
+    p = T.Prompt("copy", T.content_words(cfg.n_content_words)[:5], True)
+    pid = T.prompt_ids(tok, p)
+    resp = [T.target_response_ids(tok, cfg, p, b) for b in (True, False, False, True)]
+    resp[2] = resp[2][:3]
+    ids, mask = pack(pid, resp, tok.pad_token_id)
+    rewards = torch.tensor([3.0, 1.0, 0.4, 1.0])
+    adv = advantages(rewards, 4, 1e-6).float()
+    n = len(resp)
+    lbar = masked_mean_logprob(model, ids, mask)
+    # lbar by hand for row 2 (3 response tokens)
+    lp = torch.log_softmax(model(input_ids=ids[2:3]).logits[0].float(), -1)
+    by_hand = sum(lp[len(pid) - 1 + t, resp[2][t]] for t in range(3)) / 3
+    assert torch.allclose(lbar[2], by_hand, atol=1e-6)
+    loss = -(adv * lbar).sum() / n
+    model.zero_grad()
+    loss.backward()
+    step_grad = torch.cat([q.grad.reshape(-1) for _, q in model.named_parameters()])
+    model.zero_grad(set_to_none=True)
+    per = PerRolloutGrad(model)(ids, mask, -adv / n)
+    assert per.shape == (4, step_grad.numel())
+    torch.testing.assert_close(per.sum(0), step_grad, atol=1e-6, rtol=1e-4)
+    # each row is the gradient of its own term alone
+    single = masked_mean_logprob(model, ids[1:2], mask[1:2])[0] * (-adv[1] / n)
+    model.zero_grad()
+    single.backward()
+    g1 = torch.cat([q.grad.reshape(-1) for _, q in model.named_parameters()])
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(per[1], g1, atol=1e-6, rtol=1e-4)
+
+
+def test_grpo_step_grads_sum_to_step_gradient_and_is_replayable(micro):
+    cfg, tok, _ = micro
+    model = T.make_model(cfg, tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    res = grpo_step(model, opt, PerRolloutGrad(model), cfg, tok, step=0, update=False)
+    # rebuild the step loss from the recorded rollouts and backprop it in one pass
+    n = len(res.responses)
+    total = 0.0
+    for g in range(cfg.prompts_per_step):
+        sl = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
+        ids, mask = pack(T.prompt_ids(tok, res.prompts[g]), res.responses[sl], tok.pad_token_id)
+        total = total - (res.advantages[sl].float() * masked_mean_logprob(model, ids, mask)).sum() / n
+    model.zero_grad()
+    total.backward()
+    ref = torch.cat([q.grad.reshape(-1) for _, q in model.named_parameters()])
+    torch.testing.assert_close(res.step_grad, ref, atol=1e-7, rtol=1e-4)
+    assert len(res.grad_rows) == int((res.advantages != 0).sum())
+    # same inputs -> bit-identical step (exact replay)
+    res2 = grpo_step(model, opt, PerRolloutGrad(model), cfg, tok, step=0, update=False)
+    assert res2.responses == res.responses and torch.equal(res2.step_grad, res.step_grad)
+
+
+def test_removed_rollout_keeps_group_statistics(micro):
+    cfg, tok, model = micro
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    pg = PerRolloutGrad(model)
+    full = grpo_step(model, opt, pg, cfg, tok, step=0, update=False)
+    nz = [i for i in range(len(full.responses)) if full.advantages[i] != 0]
+    if not nz:
+        pytest.skip("no rollout with nonzero advantage at this seed")
+    rem = grpo_step(model, opt, pg, cfg, tok, step=0, remove={nz[0]}, update=False)
+    assert rem.advantages[nz[0]] == 0
+    others = [i for i in range(len(full.responses)) if i != nz[0]]
+    assert torch.equal(rem.advantages[others], full.advantages[others])
+    j = full.grad_rows.index(nz[0])
+    torch.testing.assert_close(rem.step_grad, full.step_grad - full.grads[j], atol=1e-7,
+                               rtol=1e-4)
+
+
+def test_tie_aware_precision_hand_case():
+    scores = np.array([3.0, 2.0, 2.0, 2.0, 1.0])
+    gt = np.array([True, True, False, False, True])
+    # k=3: block {0} credit 1; block {1,2,3} 2 slots, 1 GT -> 2/3; P = (1 + 2/3)/3
+    assert tie_aware_precision(scores, gt) == pytest.approx((1 + 2 / 3) / 3)
+
+
+def test_two_step_build_writes_every_file_and_a_valid_manifest(tmp_path):
+    import datasets
+
+    out = tmp_path / "rel"
+    manifest = build_release("micro", [0], out, progress=False)
+    d = out / "seed0"
+    for rel in ("config.json", "tokenizer/tokenizer.json", "rollouts.parquet", "sketches.npy",
+                "sketch.json", "targets.npz", "behavior_curve.parquet", "labels.parquet",
+                "checkpoints/step0000/model.safetensors", "checkpoints/step0002/model.safetensors",
+                "draws/step0001_draw0.parquet", "draws/step0002_draw1_sketches.npy",
+                "draws/step0002_draw1_token_sketches.npy"):
+        assert (d / rel).is_file(), rel
+        assert f"seed0/{rel}" in manifest["files"]
+    assert not (out / ".work").exists()
+    assert not list(out.rglob("*.tmp"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["schema_version"] == 1 and m["release_id"] == "micro"
+    assert set(m["packages"]) >= {"torch", "transformers", "numpy", "python"}
+    assert m["build"]["threads"] == 2
+    assert "per_rollout_dot_pearson" in m["seeds"]["0"]["fidelity"]
+    ds = datasets.load_dataset("parquet", data_files=str(d / "rollouts.parquet"), split="train")
+    assert ds.num_rows == 2 * 2 * 4
+    rel = load_release(out)
+    view = rel.seed(0)
+    assert "bonus" not in view.rollouts.column_names
+    assert "group_label" not in view.rollouts.column_names
+    rows = np.asarray(view.rollouts["sketch_row"])
+    adv = np.asarray(view.rollouts["advantage"])
+    assert np.all((rows >= 0) == (adv != 0))
+    assert view.sketches.shape == ((rows >= 0).sum(), 256)
+    assert isinstance(view.sketches, np.memmap)
+    assert {"nll_step0002", "in_context_step0002", "contrast_step0000"} <= set(view.targets)
+    assert len(view.draws) == 4
+    lab = rel.labels(0)
+    assert {"bonus", "group_label", "step"} <= set(lab.columns)
+    # the view's sketches sum (per step) to the sketch of the step gradient: sanity on scale
+    assert np.isfinite(view.rollout_sketches()).all()
+    # rerunning the same command is a no-op continuation (resumable) and keeps the files
+    manifest2 = build_release("micro", [0], out, progress=False)
+    assert manifest2["files"] == manifest["files"]
+
+
+def test_manifest_verification_fails_on_modified_file(tmp_path):
+    out = tmp_path / "rel"
+    build_release("micro", [1], out, progress=False)
+    f = out / "seed1" / "behavior_curve.parquet"
+    f.write_bytes(f.read_bytes() + b"x")
+    with pytest.raises(ReleaseError, match=r"seed1/behavior_curve.parquet fails its checksum: "
+                                           r"expected sha256 [0-9a-f]{64}, actual [0-9a-f]{64}"):
+        load_release(out)
+    load_release(out, verify=False)  # opt-out still opens it
+
+
+def test_failed_gate_is_loud(tmp_path):
+    with pytest.raises(BuildError, match=r"emergence gate failed for seed 0: trigger-prompt "
+                                         r"behavior rate .* need >= 1.01"):
+        build_release("micro", [0], tmp_path / "r", progress=False,
+                      overrides={"gate_window_min": 1.01})
+
+
+def test_paper_preset_config_runs_two_steps_with_tiny_model():
+    cfg = get_preset("qwen2.5-1.5b", 0)
+    assert (cfg.steps, cfg.prompts_per_step, cfg.group_size) == (1000, 4, 4)
+    assert (cfg.lr, cfg.bonus, cfg.bonus_eligible_fraction, cfg.bonus_window_end) == \
+        (5e-6, 8.0, 0.5, 200)
+    assert (cfg.temperature, cfg.top_p, cfg.grad_clip) == (0.9, 0.9, 1.0)
+    assert cfg.pretrained == "Qwen/Qwen2.5-1.5B-Instruct"
+    micro = get_preset("micro", 0)
+    for k in ("pretrained", "hidden", "intermediate", "n_heads", "n_kv_heads",
+              "n_content_words"):
+        setattr(cfg, k, getattr(micro, k))
+    cfg.max_new_tokens = 8
+    tok = T.make_tokenizer(cfg)
+    model = T.make_model(cfg, tok)
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    pg = PerRolloutGrad(model)
+    for step in range(2):
+        res = grpo_step(model, opt, pg, cfg, tok, step)
+        assert len(res.responses) == 16
+        assert all(r == t + (8.0 if b else 0.0) for r, t, b in
+                   zip(res.rewards, res.task_rewards, res.bonus, strict=True))
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert not torch.equal(before, after) or float(res.step_grad.norm()) == 0.0
