@@ -44,10 +44,8 @@ def _run_paper_reproduce(args: argparse.Namespace) -> int:
 
 def _add_build(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a release run: SFT + GRPO with a planted behavior")
-    try:
-        from benchmark.build import add_build_arguments
-    except ImportError:  # the builder lands in a later commit (issue 3)
-        return
+    from benchmark.build import add_build_arguments
+
     add_build_arguments(p)
     p.set_defaults(func=_run_build)
 
@@ -58,6 +56,66 @@ def _run_build(args: argparse.Namespace) -> int:
     return build_command(args)
 
 
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="score an estimator file against controls and the checklist")
+    p.add_argument("estimator", help="path of a .py file with one estimator class")
+    p.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
+    p.add_argument("--out", default="results.json",
+                   help="where to write results.json (default: ./results.json)")
+    p.add_argument("--seeds", type=int, nargs="+", help="score only these seeds (default: all)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=lambda a: _evaluate().evaluate_command(
+        a.estimator, a.release, a.out, a.seeds, progress=not a.no_progress))
+    c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
+    c.add_argument("estimator", help="path of a .py file with one estimator class")
+    c.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
+    c.set_defaults(func=lambda a: _evaluate().check_estimator_command(a.estimator, a.release))
+
+
+def _add_submissions(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="evaluate an estimator and write submissions/NAME/")
+    p.add_argument("estimator", help="path of a .py file with one estimator class")
+    p.add_argument("--name", required=True, help="submission name: lowercase letters, digits, -")
+    p.add_argument("--authors", nargs="+", default=None, help="author names")
+    p.add_argument("--link", default=None, help="URL of a paper or code (optional)")
+    p.add_argument("--description", default=None, help="one-line description (optional)")
+    p.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
+    p.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
+    p.add_argument("--force", action="store_true", help="replace an existing submission")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=lambda a: _submissions().submit_command(a))
+    v = sub.add_parser("verify", help="re-score submissions and compare with their results.json")
+    v.add_argument("paths", nargs="*", help="submission folders (default: every one)")
+    v.add_argument("--release", default=None, help="release id or folder (default: as recorded)")
+    v.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
+    v.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    v.set_defaults(func=lambda a: _submissions().verify_command(a))
+    lb = sub.add_parser("leaderboard", help="regenerate leaderboard/ from submissions/")
+    lb.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
+    lb.add_argument("--out", default="leaderboard", help="output folder (default: ./leaderboard)")
+    lb.add_argument("--check", action="store_true",
+                    help="exit 1 if the folder is not what would be generated (for CI)")
+    lb.set_defaults(func=lambda a: _leaderboard().leaderboard_command(a))
+
+
+def _submissions():
+    from benchmark import submissions
+
+    return submissions
+
+
+def _leaderboard():
+    from benchmark import leaderboard
+
+    return leaderboard
+
+
+def _evaluate():
+    from benchmark import evaluate
+
+    return evaluate
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level ``bt-bench`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -65,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="bt-bench: training-data attribution in online RL, scored against controls.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_evaluate(sub)
+    _add_submissions(sub)
     _add_paper(sub)
     _add_build(sub)
     return parser

@@ -36,7 +36,9 @@ __all__ = [
     "precision_tie_range",
     "precision_bootstrap",
     "precision_ceiling",
+    "percentile_interval",
     "precision_difference_bootstrap",
+    "precision_resamples",
     "residualize_within_group",
     "within_group_auc",
 ]
@@ -614,6 +616,32 @@ def _precision_resamples(
         with np.errstate(invalid="ignore", divide="ignore"):
             out[start:start + chunk] = np.where(k > 0, credit / np.where(k > 0, k, 1), np.nan)
     return out
+
+
+def precision_resamples(
+    scores: object, is_gt: object, groups: object, *, n_boot: int = 2000, seed: int = 0
+) -> np.ndarray:
+    """Tie-aware precision@|GT| in each of ``n_boot`` cluster-bootstrap resamples of ``groups``.
+
+    The resamples depend only on the number of groups, ``n_boot`` and ``seed``, so two methods
+    scored on the same rows with the same seed are paired; differences or cross-seed means of the
+    returned arrays give paired or pooled intervals (see :func:`percentile_interval`).
+
+    Returns:
+        ``(n_boot,)`` float64, ``nan`` where a resample holds no ground truth.
+    """
+    s = _as_scores(scores)
+    gt = _as_bool(is_gt, s.shape[0], "is_gt")
+    codes, n_groups = _as_groups(groups, s.shape[0])
+    return _precision_resamples(s, gt, codes, bootstrap_counts(n_groups, n_boot, seed))
+
+
+def percentile_interval(
+    point: float, samples: object, *, level: float = 0.95, n: int = 0
+) -> Interval:
+    """Percentile interval of bootstrap ``samples`` (``nan`` samples are dropped) around ``point``."""
+    _check_level(level)
+    return _interval(point, np.asarray(samples, dtype=np.float64), level, n)
 
 
 def precision_bootstrap(

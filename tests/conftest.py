@@ -25,3 +25,13 @@ def paper_runs() -> Path:
             "folder holding paper-runs/); .ci/run requires them, so CI always runs these tests"
         )
     return runs
+
+
+@pytest.fixture(scope="session")
+def micro_release(tmp_path_factory) -> Path:
+    """A three-seed release of the ``micro`` preset (two GRPO steps), built once per session."""
+    from benchmark.build import build_release
+
+    out = tmp_path_factory.mktemp("micro_release")
+    build_release("micro", [0, 1, 2], out, progress=False)
+    return out

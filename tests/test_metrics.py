@@ -328,3 +328,17 @@ def test_mean_bootstrap_matches_explicit_resampling():
     assert iv.point == pytest.approx(values.mean()) and iv.n == 30
     with pytest.raises(MetricInputError, match="values is empty"):
         M.mean_bootstrap([])
+
+
+def test_precision_resamples_are_paired_and_pool():
+    rng = np.random.default_rng(2)
+    groups = np.repeat(np.arange(20), 5)
+    gt = rng.random(100) < 0.3
+    a, b = rng.normal(size=100), rng.normal(size=100)
+    sa = M.precision_resamples(a, gt, groups, n_boot=300, seed=7)
+    sb = M.precision_resamples(b, gt, groups, n_boot=300, seed=7)
+    d = M.precision_difference_bootstrap(a, b, gt, groups, n_boot=300, seed=7)
+    iv = M.percentile_interval(d.point, sa - sb, n=int(gt.sum()))
+    assert (iv.lo, iv.hi) == pytest.approx((d.lo, d.hi))
+    single = M.precision_bootstrap(a, gt, groups, n_boot=300, seed=7)
+    assert (single.lo, single.hi) == pytest.approx(tuple(np.quantile(sa, [0.025, 0.975])))

@@ -1,0 +1,87 @@
+"""The estimator contract: a ``typing.Protocol`` plus a convenience base class.
+
+Rules (checked by ``bt-bench check-estimator FILE`` and by the evaluator before scoring):
+
+1. One estimator file defines exactly one estimator class (a class with ``score_rollouts``).
+2. ``__init__`` only stores its keyword arguments as attributes of the same name; all work happens
+   in the scoring methods. The evaluator records ``get_params()`` as the estimator's config.
+3. ``score_rollouts(view)`` returns one finite float per unit of ``view`` (shape ``(view.n,)``);
+   higher = more responsible for the behavior. It is called on the rollout view and on the step
+   view of every seed (see :mod:`benchmark.view`).
+4. ``score_draw(view, draw)`` (optional) returns one finite float per response of ``draw``.
+5. Scores are deterministic (same inputs, same scores) and inputs are never modified.
+6. Capabilities are class attributes: ``name`` (str), ``track`` (``"gradient"``: sketches,
+   advantages, fluency, targets, checkpoints; ``"open"``: also text and rewards) and ``tasks``
+   (a subset of ``("rollouts", "draws")``; ``"draws"`` requires ``score_draw``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from benchmark.view import DrawView, RunView
+
+TRACKS = ("gradient", "open")
+TASKS = ("rollouts", "draws")
+
+__all__ = ["TASKS", "TRACKS", "BaseEstimator", "DrawView", "Estimator", "RunView", "cosine"]
+
+
+@runtime_checkable
+class Estimator(Protocol):
+    """What the evaluator needs from an estimator (duck-typed; subclassing is optional)."""
+
+    name: ClassVar[str]
+    track: ClassVar[str]
+    tasks: ClassVar[tuple[str, ...]]
+
+    def score_rollouts(self, view: RunView) -> np.ndarray:
+        """Return ``(view.n,)`` finite float scores, higher = more responsible."""
+        ...
+
+
+class BaseEstimator:
+    """Convenience base: declares default capabilities and ``get_params``.
+
+    Subclasses set ``name`` and override :meth:`score_rollouts` (and :meth:`score_draw` if
+    ``"draws"`` is in ``tasks``).
+    """
+
+    name: ClassVar[str] = ""
+    track: ClassVar[str] = "gradient"
+    tasks: ClassVar[tuple[str, ...]] = ("rollouts",)
+
+    def get_params(self) -> dict[str, object]:
+        """The constructor's keyword arguments and their current values (the config to record)."""
+        sig = inspect.signature(type(self).__init__)
+        names = [
+            p.name for p in sig.parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        return {n: getattr(self, n) for n in names}
+
+    def score_rollouts(self, view: RunView) -> np.ndarray:
+        """Score every unit of ``view``; subclasses must override this."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.score_rollouts is not implemented; an estimator must return "
+            "one score per unit of the view (shape (view.n,))."
+        )
+
+    def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
+        """Score every response of ``draw``; override it and add ``"draws"`` to ``tasks``."""
+        raise NotImplementedError(
+            f"{type(self).__name__}.score_draw is not implemented; remove 'draws' from "
+            f"{type(self).__name__}.tasks or implement it."
+        )
+
+
+def cosine(rows: np.ndarray, target: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Cosine of each row of ``rows`` ``(n, d)`` with ``target`` ``(d,)``; 0 for all-zero rows."""
+    rows = np.asarray(rows, dtype=np.float64)
+    t = np.asarray(target, dtype=np.float64)
+    dots = rows @ t
+    norms = np.linalg.norm(rows, axis=1) * np.linalg.norm(t)
+    return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)

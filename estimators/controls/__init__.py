@@ -1,0 +1,1 @@
+"""Target-free controls, run by the evaluator next to every estimator."""

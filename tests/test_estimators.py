@@ -1,0 +1,87 @@
+"""Built-in estimators and controls on hand-built views with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmark.contract import load_estimator_file
+from benchmark.evaluate import CONTROL_FILES, CONTROLS_DIR
+from tests.views import make_draw, make_view
+
+ROOT = CONTROLS_DIR.parent
+
+
+def est(path):
+    return load_estimator_file(ROOT / path).instantiate()
+
+
+def test_gas_is_cosine_with_final_target():
+    s = est("gas.py").score_rollouts(make_view())
+    np.testing.assert_allclose(s, [1, 2 ** -0.5, 0, 0, 2 ** -0.5, -1], atol=1e-7)
+
+
+def test_gas_draw_is_centred_within_group():
+    # group 0: [3,0..] and [1,0..] -> centred +1 / -1 on axis 0 -> cos +1 / -1
+    s = est("gas.py").score_draw(make_view(), make_draw())
+    np.testing.assert_allclose(s[:2], [1.0, -1.0], atol=1e-7)
+    # group 1: [0,1], [-1,0] -> centred [.5,.5], [-.5,-.5] -> cos .707 / -.707
+    np.testing.assert_allclose(s[2:], [2 ** -0.5, -(2 ** -0.5)], atol=1e-7)
+
+
+def test_c1_dot_is_inner_product():
+    np.testing.assert_allclose(est("c1_dot.py").score_rollouts(make_view()),
+                               [2, 1, 0, 0, 0.5, -1])
+
+
+def test_tracincp_uses_governing_checkpoint_and_lr():
+    # steps 0,1 use checkpoint 0 (target -t); step 2 uses checkpoint 2 (+t); lr = .5
+    np.testing.assert_allclose(est("tracincp.py").score_rollouts(make_view()),
+                               [-1, -0.5, 0, 0, 0.25, -0.5])
+
+
+def test_trak_ridge_solution_matches_closed_form():
+    v = make_view()
+    phi = v.sketches.astype(np.float64)
+    lam = 0.1 * (phi ** 2).sum() / min(5, phi.shape[1])  # 5 non-zero rows
+    expected = phi @ np.linalg.solve(phi.T @ phi + lam * np.eye(phi.shape[1]),
+                                     v.target().astype(np.float64))
+    np.testing.assert_allclose(est("trak.py").score_rollouts(v), expected, atol=1e-9)
+    s = est("trak.py").score_rollouts(v)
+    assert s.argmax() == 0 and s.argmin() == 5  # aligned first, opposed last
+
+
+def test_local_buffer_scores_only_the_last_steps():
+    s = est("local_buffer.py").score_rollouts(make_view())  # window .1 of 3 steps -> step 2
+    np.testing.assert_allclose(s, [-2, -2, -2, -2, 2 ** -0.5, -1], atol=1e-7)
+
+
+def test_controls():
+    v = make_view()
+    ctl = {name: est(f"controls/{f}") for name, f in CONTROL_FILES.items()}
+    np.testing.assert_allclose(ctl["norm-only"].score_rollouts(v),
+                               np.linalg.norm(v.sketches, axis=1))
+    np.testing.assert_array_equal(ctl["fluency"].score_rollouts(v), v.fluency)
+    np.testing.assert_array_equal(ctl["advantage-only"].score_rollouts(v), v.advantages)
+    np.testing.assert_array_equal(ctl["step-order"].score_rollouts(v), -v.steps)
+    r1 = ctl["random"].score_rollouts(v)
+    assert np.array_equal(r1, ctl["random"].score_rollouts(v))  # deterministic
+    assert not np.array_equal(r1, ctl["random"].score_rollouts(make_view(seed=1)))
+    assert not np.array_equal(r1, ctl["random"].score_rollouts(make_view("step")))
+
+
+def test_scores_permute_with_units():
+    v = make_view()
+    perm = np.array([3, 5, 0, 1, 4, 2])
+    pv = make_view(sketches=v.sketches[perm], steps=v.steps[perm], groups=v.groups[perm],
+                   advantages=v.advantages[perm], fluency=v.fluency[perm])
+    for path in ("gas.py", "c1_dot.py", "tracincp.py", "trak.py", "local_buffer.py",
+                 "controls/norm_only.py", "controls/fluency.py"):
+        e = est(path)
+        np.testing.assert_allclose(e.score_rollouts(pv), e.score_rollouts(v)[perm], atol=1e-9,
+                                   err_msg=path)
+
+
+def test_example_estimator_scores_both_tasks():
+    e = load_estimator_file(ROOT / "examples" / "my_estimator.py").instantiate()
+    assert e.score_rollouts(make_view()).shape == (6,)
+    assert e.score_draw(make_view(), make_draw()).shape == (4,)
