@@ -176,7 +176,8 @@ def validate_scores(scores: object, n: int, who: str, what: str) -> np.ndarray:
                                    or np.issubdtype(arr.dtype, np.integer)
                                    or arr.dtype == np.bool_):
         raise EstimatorContractError(
-            f"{who}.{what} returned dtype {arr.dtype}; return a numeric numpy array of shape ({n},)."
+            f"{who}.{what} returned dtype {arr.dtype}; return a numeric numpy array of shape "
+            f"({n},)."
         )
     if arr.shape != (n,):
         raise EstimatorContractError(

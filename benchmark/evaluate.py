@@ -1,4 +1,4 @@
-"""``bt-bench evaluate``: estimator -> views -> scores -> metrics + controls -> checklist -> results.
+"""``bt-bench evaluate``: estimator -> views -> scores -> metrics, controls -> checklist -> results.
 
 For every seed of a release the estimator and the target-free controls score
 
@@ -504,9 +504,10 @@ def evaluate(
 
 def _summary(pooled: dict, est_name: str, controls: list[str], per_seed: dict,
              settings: EvalSettings) -> dict:
-    """Cross-seed numbers for tables: mean window precision of every method with an interval
-    (seeds resampled independently, then averaged), the margin over the strongest control, and
-    the mean residualized draw AUC.
+    """Cross-seed numbers for tables.
+
+    The mean window precision of every method with an interval (seeds resampled independently,
+    then averaged), the margin over the strongest control, and the mean residualized draw AUC.
     """
     out: dict = {"seeds": sorted(pooled)}
     if pooled:
