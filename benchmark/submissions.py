@@ -1,0 +1,556 @@
+"""Submissions: ``bt-bench submit`` writes ``submissions/NAME/``, ``bt-bench verify`` re-scores it.
+
+A submission is a folder ``submissions/<name>/`` holding
+
+* ``estimator.py``: a byte-for-byte copy of the submitted estimator file;
+* ``submission.yaml``: who submitted what (validated strictly by :func:`validate_metadata`);
+* ``results.json``: what ``bt-bench evaluate`` computed for ``estimator.py`` on the release.
+
+``verify`` re-evaluates ``estimator.py`` on the release recorded in ``results.json`` with the
+standard evaluation settings and compares the new results with the committed ones: verdicts, ids,
+counts and every other non-float value exactly; floats within :data:`FLOAT_TOLERANCE`. Folders whose
+name starts with ``_`` (e.g. ``submissions/_reference``) are not submissions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmark.errors import BenchmarkError, InputFileError
+
+__all__ = [
+    "ALLOWED_KEYS",
+    "FLOAT_TOLERANCE",
+    "IGNORED_KEYS",
+    "REQUIRED_KEYS",
+    "Drift",
+    "SubmissionError",
+    "VerifyReport",
+    "compare_results",
+    "find_submissions",
+    "load_submission",
+    "submit",
+    "submit_command",
+    "validate_metadata",
+    "verify",
+    "verify_command",
+    "verify_submission",
+]
+
+ESTIMATOR_FILE = "estimator.py"
+METADATA_FILE = "submission.yaml"
+RESULTS_FILE = "results.json"
+
+#: submission.yaml keys that must be present
+REQUIRED_KEYS = ("name", "authors", "track")
+#: every key submission.yaml may hold, in the order ``submit`` writes them
+ALLOWED_KEYS = ("name", "authors", "track", "kind", "link", "description")
+KINDS = ("estimator", "control")
+TRACKS = ("gradient", "open")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+URL_RE = re.compile(r"^https?://[^\s]+$")
+
+#: Absolute tolerance for floats in ``verify``. The evaluation is deterministic (seeded controls
+#: and bootstraps), but CPU BLAS libraries sum in a machine-dependent order, so a dot product can
+#: differ in its last bits between machines; results are rounded to 10 digits before writing, so a
+#: last-bit difference can flip the 10th digit. 1e-6 is far below any difference a metric reports
+#: (precision steps are 1/|GT|, AUC steps 1/pairs) and far above rounding noise.
+FLOAT_TOLERANCE = 1e-6
+#: top-level results keys that ``verify`` reports but does not fail on (machine-specific)
+IGNORED_KEYS = ("packages",)
+#: drift lines shown per submission before the report is cut short
+MAX_DRIFT_LINES = 40
+
+
+class SubmissionError(BenchmarkError):
+    """A submission folder, its ``submission.yaml`` or a ``submit`` request is invalid."""
+
+
+# ----------------------------------------------------------------------------------------------
+# submission.yaml
+
+
+def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any]:
+    """Check a parsed ``submission.yaml`` and return it with defaults filled in.
+
+    Args:
+        meta: the parsed YAML document.
+        where: how to name the file in error messages.
+
+    Returns:
+        A new dict with the keys of :data:`ALLOWED_KEYS` that are set (``kind`` defaults to
+        ``"estimator"``), in that order.
+
+    Raises:
+        SubmissionError: not a mapping, an unknown or missing key, or a value of the wrong form.
+    """
+    allowed = ", ".join(ALLOWED_KEYS)
+    if not isinstance(meta, dict):
+        raise SubmissionError(
+            f"{where}: expected a YAML mapping with the keys {allowed}, got "
+            f"{type(meta).__name__}; see CONTRIBUTING.md for an example."
+        )
+    unknown = sorted(str(k) for k in meta if k not in ALLOWED_KEYS)
+    if unknown:
+        raise SubmissionError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; allowed keys are {allowed} "
+            "(remove or rename the unknown ones)."
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in meta or meta[k] is None]
+    if missing:
+        raise SubmissionError(
+            f"{where}: missing required key(s) {', '.join(missing)}; required keys are "
+            f"{', '.join(REQUIRED_KEYS)} (allowed keys: {allowed})."
+        )
+    name = meta["name"]
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise SubmissionError(
+            f"{where}: name {name!r} is not valid; expected lowercase letters, digits and '-', "
+            "starting with a letter or digit (e.g. 'my-estimator')."
+        )
+    authors = meta["authors"]
+    if (not isinstance(authors, list) or not authors
+            or not all(isinstance(a, str) and a.strip() for a in authors)):
+        raise SubmissionError(
+            f"{where}: authors {authors!r} must be a non-empty list of names, e.g. "
+            "authors: [Ada Lovelace, Alan Turing]."
+        )
+    track = meta["track"]
+    if track not in TRACKS:
+        raise SubmissionError(
+            f"{where}: track {track!r} is not one of {', '.join(TRACKS)}; it must equal the "
+            "estimator class's `track` attribute."
+        )
+    kind = meta.get("kind", "estimator")
+    if kind not in KINDS:
+        raise SubmissionError(
+            f"{where}: kind {kind!r} is not one of {', '.join(KINDS)} (omit it for an estimator)."
+        )
+    out: dict[str, Any] = {"name": name, "authors": [a.strip() for a in authors],
+                           "track": track, "kind": kind}
+    link = meta.get("link")
+    if link is not None:
+        if not isinstance(link, str) or not URL_RE.match(link):
+            raise SubmissionError(
+                f"{where}: link {link!r} is not a URL; expected http(s)://... or omit the key."
+            )
+        out["link"] = link
+    desc = meta.get("description")
+    if desc is not None:
+        if not isinstance(desc, str) or "\n" in desc.strip() or not desc.strip():
+            raise SubmissionError(
+                f"{where}: description must be one non-empty line of text, got {desc!r}."
+            )
+        out["description"] = desc.strip()
+    return out
+
+
+def _dump_metadata(meta: dict[str, Any]) -> str:
+    import yaml
+
+    ordered = {k: meta[k] for k in ALLOWED_KEYS if k in meta}
+    return yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True, default_flow_style=False,
+                          width=1000)
+
+
+@dataclass
+class Submission:
+    """A submission folder read from disk (metadata validated, results parsed)."""
+
+    path: Path
+    meta: dict[str, Any]
+    results: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        """The submission's name (= its folder name)."""
+        return str(self.meta["name"])
+
+    @property
+    def estimator_file(self) -> Path:
+        """The submitted estimator file."""
+        return self.path / ESTIMATOR_FILE
+
+
+def load_submission(path: str | Path) -> Submission:
+    """Read and validate one submission folder.
+
+    Raises:
+        SubmissionError: a file is missing, ``submission.yaml`` is invalid, its name differs from
+            the folder name, or its track differs from the one recorded in ``results.json``.
+        InputFileError: ``results.json`` is not valid JSON.
+    """
+    import yaml
+
+    from benchmark.io import read_json
+
+    p = Path(path)
+    if not p.is_dir():
+        raise SubmissionError(
+            f"{p}: submission folder not found; expected a folder submissions/<name>/ with "
+            f"{ESTIMATOR_FILE}, {METADATA_FILE} and {RESULTS_FILE} (create it with bt-bench "
+            "submit)."
+        )
+    missing = [f for f in (ESTIMATOR_FILE, METADATA_FILE, RESULTS_FILE) if not (p / f).is_file()]
+    if missing:
+        raise SubmissionError(
+            f"{p}: missing {', '.join(missing)}; a submission holds {ESTIMATOR_FILE}, "
+            f"{METADATA_FILE} and {RESULTS_FILE} (regenerate it with bt-bench submit --force)."
+        )
+    meta_path = p / METADATA_FILE
+    try:
+        raw = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SubmissionError(f"{meta_path}: not valid YAML ({exc}).") from exc
+    meta = validate_metadata(raw, str(meta_path))
+    if meta["name"] != p.name:
+        raise SubmissionError(
+            f"{meta_path}: name {meta['name']!r} differs from the folder name {p.name!r}; "
+            "they must be equal (rename the folder or fix the name)."
+        )
+    results = read_json(p / RESULTS_FILE)
+    if not isinstance(results, dict) or "estimator" not in results:
+        raise InputFileError(
+            f"{p / RESULTS_FILE}: not a bt-bench results file (no 'estimator' key); regenerate "
+            "it with bt-bench submit --force."
+        )
+    recorded = results["estimator"].get("track")
+    if recorded != meta["track"]:
+        raise SubmissionError(
+            f"{meta_path}: track {meta['track']!r} differs from the estimator's declared track "
+            f"{recorded!r} recorded in {RESULTS_FILE}; set track: {recorded}."
+        )
+    return Submission(p, meta, results)
+
+
+def find_submissions(submissions_dir: str | Path) -> list[Path]:
+    """Submission folders under ``submissions_dir``, sorted by name (``_*`` folders skipped)."""
+    root = Path(submissions_dir)
+    if not root.is_dir():
+        raise SubmissionError(
+            f"{root}: submissions folder not found; pass --submissions-dir pointing at the "
+            "folder that holds submissions/<name>/ (default ./submissions)."
+        )
+    return sorted((d for d in root.iterdir()
+                   if d.is_dir() and not d.name.startswith(("_", "."))), key=lambda d: d.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# submit
+
+
+def _control_kind(estimator_file: Path, est_name: str) -> str:
+    """``control`` when the file is one of the evaluator's control files, else ``estimator``.
+
+    An estimator may not take a control's name: the evaluator keys methods by name, so the
+    control would shadow it.
+    """
+    from benchmark.contract import file_sha256
+    from benchmark.evaluate import CONTROL_FILES, CONTROLS_DIR
+
+    digest = file_sha256(estimator_file)
+    for cname, fname in CONTROL_FILES.items():
+        if file_sha256(CONTROLS_DIR / fname) == digest:
+            return "control"
+        if cname == est_name:
+            raise SubmissionError(
+                f"{estimator_file}: the estimator's name {est_name!r} is the name of the "
+                f"evaluator's {cname!r} control; rename the class's `name` attribute."
+            )
+    return "estimator"
+
+
+def submit(
+    estimator_file: str | Path,
+    name: str,
+    authors: Iterable[str] | None,
+    *,
+    link: str | None = None,
+    description: str | None = None,
+    release: str | Path = "tiny",
+    submissions_dir: str | Path = "submissions",
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Evaluate an estimator file and write ``<submissions_dir>/<name>/``.
+
+    The folder is assembled in a temporary folder beside the target and renamed into place, so a
+    failure (contract violation, bad metadata, interrupted run) leaves no partial submission.
+    ``kind`` is ``control`` when the file is byte-identical to one of the evaluator's controls.
+
+    Args:
+        estimator_file: the ``.py`` file with one estimator class.
+        name: submission name (``[a-z0-9][a-z0-9-]*``).
+        authors: author names (at least one).
+        link: optional URL of a paper or code.
+        description: optional one-line description.
+        release: release id or folder to score on.
+        submissions_dir: the folder holding submissions.
+        force: replace an existing submission of that name.
+        progress: show progress bars.
+
+    Returns:
+        The submission folder.
+
+    Raises:
+        SubmissionError: invalid metadata, or the submission exists and ``force`` is false.
+        EstimatorContractError: the estimator breaks the contract.
+    """
+    from benchmark.contract import load_estimator_file
+    from benchmark.evaluate import evaluate, write_results
+
+    src = Path(estimator_file)
+    loaded = load_estimator_file(src)  # contract errors before any work
+    track = getattr(loaded.cls, "track", "gradient")
+    meta: dict[str, Any] = {"name": name, "authors": list(authors or []), "track": track,
+                            "kind": "estimator"}
+    if link is not None:
+        meta["link"] = link
+    if description is not None:
+        meta["description"] = description
+    if not meta["authors"]:
+        raise SubmissionError(
+            "no authors given; pass --authors NAME [NAME ...] (at least one author)."
+        )
+    meta = validate_metadata(meta, f"submission {name!r}")
+    meta["kind"] = _control_kind(src, loaded.name)
+    root = Path(submissions_dir)
+    target = root / name
+    if target.exists() and not force:
+        raise SubmissionError(
+            f"{target}: a submission named {name!r} already exists; choose another --name or "
+            "pass --force to replace it."
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
+    try:
+        shutil.copyfile(src, tmp / ESTIMATOR_FILE)
+        results = evaluate(tmp / ESTIMATOR_FILE, release, progress=progress)
+        write_results(results, tmp / RESULTS_FILE)
+        (tmp / METADATA_FILE).write_text(_dump_metadata(meta), encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".old", dir=root))
+            os.replace(target, old / name)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def submit_command(args: Any) -> int:
+    """``bt-bench submit``: evaluate, write the submission folder, print the summary; exit 0."""
+    from benchmark.evaluate import format_summary
+    from benchmark.io import read_json
+
+    target = submit(
+        args.estimator, args.name, args.authors, link=args.link, description=args.description,
+        release=args.release, submissions_dir=args.submissions_dir, force=args.force,
+        progress=not args.no_progress,
+    )
+    print(format_summary(read_json(target / RESULTS_FILE)))
+    print(f"\nwrote {target}/ ({ESTIMATOR_FILE}, {METADATA_FILE}, {RESULTS_FILE})")
+    print("next: bt-bench leaderboard, then commit the submission and leaderboard/ in one PR "
+          "(see CONTRIBUTING.md)")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# verify
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One value that differs between the committed and the recomputed results."""
+
+    path: str
+    committed: object
+    recomputed: object
+
+    def __str__(self) -> str:
+        return (f"{self.path}: committed {_show(self.committed)}, "
+                f"recomputed {_show(self.recomputed)}")
+
+
+_ABSENT = object()
+
+
+def _show(v: object) -> str:
+    if v is _ABSENT:
+        return "(absent)"
+    if isinstance(v, dict | list):
+        text = repr(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def compare_results(committed: object, recomputed: object, tol: float = FLOAT_TOLERANCE,
+                    _path: str = "") -> list[Drift]:
+    """Every difference between two results trees, as dotted paths (list items by index).
+
+    Floats (on either side, when the other is a number) match within ``tol``; everything else,
+    including ints, strings, booleans and ``None``, must be equal. Missing keys are drifts.
+    """
+    out: list[Drift] = []
+    if isinstance(committed, dict) and isinstance(recomputed, dict):
+        for k in sorted(set(committed) | set(recomputed), key=str):
+            sub = f"{_path}.{k}" if _path else str(k)
+            if k not in committed:
+                out.append(Drift(sub, _ABSENT, recomputed[k]))
+            elif k not in recomputed:
+                out.append(Drift(sub, committed[k], _ABSENT))
+            else:
+                out += compare_results(committed[k], recomputed[k], tol, sub)
+        return out
+    if isinstance(committed, list) and isinstance(recomputed, list):
+        if len(committed) != len(recomputed):
+            return [Drift(f"{_path} (length)", len(committed), len(recomputed))]
+        for i, (a, b) in enumerate(zip(committed, recomputed, strict=True)):
+            label = _item_label(a, b, i)
+            out += compare_results(a, b, tol, f"{_path}.{label}" if _path else label)
+        return out
+    numbers = (int, float)
+    if (isinstance(committed, float) or isinstance(recomputed, float)) and \
+            isinstance(committed, numbers) and isinstance(recomputed, numbers) and \
+            not isinstance(committed, bool) and not isinstance(recomputed, bool):
+        if not math.isclose(committed, recomputed, rel_tol=0.0, abs_tol=tol):
+            out.append(Drift(_path, committed, recomputed))
+        return out
+    if type(committed) is not type(recomputed) or committed != recomputed:
+        out.append(Drift(_path, committed, recomputed))
+    return out
+
+
+def _item_label(a: object, b: object, i: int) -> str:
+    """List items are named by index, or by their ``key`` (checklist items) when both agree."""
+    if isinstance(a, dict) and isinstance(b, dict) and isinstance(a.get("key"), str) \
+            and a.get("key") == b.get("key"):
+        return a["key"]
+    return str(i)
+
+
+#: order of top-level keys in a drift report: what a reader needs first
+_REPORT_ORDER = ("verdict", "estimator", "release", "settings", "summary", "seeds", "checklist")
+
+
+def _report_order(d: Drift) -> tuple[int, str]:
+    top = d.path.split(".", 1)[0].split(" ", 1)[0]
+    rank = _REPORT_ORDER.index(top) if top in _REPORT_ORDER else len(_REPORT_ORDER)
+    return rank, d.path
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of verifying one submission."""
+
+    path: Path
+    drifts: list[Drift] = field(default_factory=list)
+    code_changed: bool = False
+    ignored: list[Drift] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing but the ignored keys differs."""
+        return not self.drifts and not self.code_changed and self.error is None
+
+    def format(self) -> str:
+        """A readable report: ``ok`` or the reasons it failed, one per line."""
+        head = f"{self.path}: "
+        if self.ok:
+            lines = [head + "ok (results reproduced)"]
+        else:
+            n = len(self.drifts)
+            lines = [head + "FAILED" + (f" ({n} value{'s' if n != 1 else ''} differ)" if n else "")]
+        if self.error:
+            lines.append(f"  {self.error}")
+        if self.code_changed:
+            lines.append(
+                f"  {self.path / ESTIMATOR_FILE}: the estimator code changed since results.json "
+                "was written (sha256 differs from estimator.sha256 in results.json)")
+        for d in self.drifts[:MAX_DRIFT_LINES]:
+            lines.append(f"  {d}")
+        if len(self.drifts) > MAX_DRIFT_LINES:
+            lines.append(f"  ... and {len(self.drifts) - MAX_DRIFT_LINES} more")
+        for d in self.ignored:
+            lines.append(f"  note (not checked, machine-specific): {d}")
+        return "\n".join(lines)
+
+
+def verify_submission(path: str | Path, release: str | Path | None = None,
+                      progress: bool = True) -> VerifyReport:
+    """Re-score one submission and compare with its committed ``results.json``.
+
+    The estimator is re-evaluated with the standard :class:`~benchmark.evaluate.EvalSettings`
+    on ``release`` (default: the release id recorded in ``results.json``), so results produced
+    with other settings show up as drift in ``settings.*``.
+
+    Returns:
+        The report; it is ``ok`` when every value matches (floats within
+        :data:`FLOAT_TOLERANCE`) and the estimator file's sha256 equals the recorded one.
+    """
+    from benchmark.contract import file_sha256
+    from benchmark.evaluate import evaluate, write_results
+    from benchmark.io import read_json
+
+    sub = load_submission(path)
+    report = VerifyReport(sub.path)
+    committed = sub.results
+    if file_sha256(sub.estimator_file) != committed.get("estimator", {}).get("sha256"):
+        report.code_changed = True
+    rel = release if release is not None else committed.get("release", {}).get("id")
+    if not rel:
+        report.error = (f"{sub.path / RESULTS_FILE}: no release.id recorded; pass --release or "
+                        "regenerate with bt-bench submit --force")
+        return report
+    try:
+        fresh = evaluate(sub.estimator_file, rel, progress=progress)
+    except BenchmarkError as exc:
+        report.error = f"re-evaluation failed: {exc}"
+        return report
+    # compare after the same rounding and JSON encoding the committed file went through
+    with tempfile.TemporaryDirectory(prefix="bt-bench-verify-") as tmp:
+        write_results(fresh, Path(tmp) / RESULTS_FILE)
+        recomputed = read_json(Path(tmp) / RESULTS_FILE)
+    for d in sorted(compare_results(committed, recomputed), key=_report_order):
+        top = d.path.split(".", 1)[0]
+        (report.ignored if top in IGNORED_KEYS else report.drifts).append(d)
+    return report
+
+
+def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Path = "submissions",
+           release: str | Path | None = None, progress: bool = True) -> list[VerifyReport]:
+    """Verify the given submission folders, or every one under ``submissions_dir``."""
+    folders = [Path(p) for p in paths] if paths else find_submissions(submissions_dir)
+    if not folders:
+        raise SubmissionError(
+            f"{submissions_dir}: no submissions found; create one with bt-bench submit FILE "
+            "--name NAME --authors NAME."
+        )
+    return [verify_submission(f, release, progress) for f in folders]
+
+
+def verify_command(args: Any) -> int:
+    """``bt-bench verify``: print one report per submission; exit 1 if any failed, else 0."""
+    reports = verify(args.paths, args.submissions_dir, args.release, not args.no_progress)
+    for r in reports:
+        print(r.format())
+    bad = [r for r in reports if not r.ok]
+    print(f"\n{len(reports) - len(bad)} of {len(reports)} submission(s) reproduced"
+          + (f"; failed: {', '.join(str(r.path) for r in bad)}" if bad else "."))
+    if bad:
+        print("fix: if the change is intended, re-run bt-bench submit FILE --name NAME --force and "
+              "commit the new results.json; otherwise restore the committed estimator.py.")
+    return 1 if bad else 0

@@ -1,0 +1,255 @@
+"""Submissions on a small real release: submit, strict metadata, verify (pass, drift, code)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmark.cli import main
+from benchmark.contract import EstimatorContractError
+from benchmark.errors import ReleaseError
+from benchmark.submissions import (
+    ALLOWED_KEYS,
+    FLOAT_TOLERANCE,
+    SubmissionError,
+    compare_results,
+    find_submissions,
+    load_submission,
+    submit,
+    validate_metadata,
+    verify_submission,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "estimators" / "examples" / "my_estimator.py"
+
+
+@pytest.fixture(scope="module")
+def subs(micro_release, tmp_path_factory) -> Path:
+    """A submissions folder with the example estimator (via the CLI) and the random control."""
+    root = tmp_path_factory.mktemp("subs") / "submissions"
+    rc = main(["submit", str(EXAMPLE), "--name", "in-context-cosine", "--authors", "Ada Lovelace",
+               "Alan Turing", "--link", "https://example.org/paper", "--description",
+               "cosine with the in-context target", "--release", str(micro_release),
+               "--submissions-dir", str(root), "--no-progress"])
+    assert rc == 0
+    submit(ROOT / "estimators" / "controls" / "random.py", "random", ["bt-bench"],
+           release=micro_release, submissions_dir=root, progress=False)
+    return root
+
+
+def _copy(sub: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "submissions" / sub.name
+    shutil.copytree(sub, dst)
+    return dst
+
+
+# ----------------------------------------------------------------------------------------------
+# submit
+
+
+def test_submit_writes_the_three_files(subs):
+    sub = subs / "in-context-cosine"
+    assert sorted(p.name for p in sub.iterdir()) == ["estimator.py", "results.json",
+                                                     "submission.yaml"]
+    assert (sub / "estimator.py").read_bytes() == EXAMPLE.read_bytes()
+    meta = yaml.safe_load((sub / "submission.yaml").read_text())
+    assert meta == {"name": "in-context-cosine", "authors": ["Ada Lovelace", "Alan Turing"],
+                    "track": "gradient", "kind": "estimator", "link": "https://example.org/paper",
+                    "description": "cosine with the in-context target"}
+    assert list(meta) == [k for k in ALLOWED_KEYS if k in meta]
+    results = json.loads((sub / "results.json").read_text())
+    assert results["estimator"]["name"] == "in-context-cosine"
+    assert results["estimator"]["file"] == "estimator.py"
+    assert results["release"]["id"] == "micro"
+    # a control file is recognised as a control
+    assert load_submission(subs / "random").meta["kind"] == "control"
+    # no temporary folders are left behind
+    assert sorted(p.name for p in subs.iterdir()) == ["in-context-cosine", "random"]
+
+
+def test_submit_refuses_to_overwrite_without_force(subs, micro_release):
+    with pytest.raises(SubmissionError, match=r"already exists.*--force"):
+        submit(EXAMPLE, "in-context-cosine", ["x"], release=micro_release, submissions_dir=subs,
+               progress=False)
+
+
+def test_submit_force_replaces(micro_release, tmp_path):
+    root = tmp_path / "submissions"
+    first = submit(EXAMPLE, "mine", ["A"], release=micro_release, submissions_dir=root,
+                   progress=False)
+    (first / "stray.txt").write_text("left over")
+    submit(EXAMPLE, "mine", ["B"], release=micro_release, submissions_dir=root, force=True,
+           progress=False)
+    assert load_submission(root / "mine").meta["authors"] == ["B"]
+    assert not (root / "mine" / "stray.txt").exists()
+    assert [p.name for p in root.iterdir()] == ["mine"]
+
+
+def test_failed_submit_leaves_no_partial_folder(micro_release, tmp_path):
+    root = tmp_path / "submissions"
+    bad = tmp_path / "bad.py"
+    bad.write_text("class A:\n    pass\n")
+    with pytest.raises(EstimatorContractError):
+        submit(bad, "bad", ["A"], release=micro_release, submissions_dir=root, progress=False)
+    # a failure after the temporary folder exists (release missing) cleans it up
+    with pytest.raises(ReleaseError):
+        submit(EXAMPLE, "late-failure", ["A"], release=tmp_path / "no-such-release",
+               submissions_dir=root, progress=False)
+    assert not root.exists() or list(root.iterdir()) == []
+
+
+def test_submit_rejects_a_control_name(tmp_path, micro_release):
+    f = tmp_path / "fake_random.py"
+    f.write_text((ROOT / "estimators" / "controls" / "random.py").read_text()
+                 + "\n# changed\n")
+    with pytest.raises(SubmissionError, match=r"name 'random' is the name of the evaluator's"):
+        submit(f, "my-random", ["A"], release=micro_release, submissions_dir=tmp_path / "s",
+               progress=False)
+
+
+def test_submit_validates_arguments_before_evaluating(tmp_path):
+    with pytest.raises(SubmissionError, match=r"name 'Bad_Name' is not valid"):
+        submit(EXAMPLE, "Bad_Name", ["A"], submissions_dir=tmp_path, progress=False)
+    with pytest.raises(SubmissionError, match=r"no authors given; pass --authors"):
+        submit(EXAMPLE, "ok", None, submissions_dir=tmp_path, progress=False)
+    with pytest.raises(SubmissionError, match=r"link 'ftp://x' is not a URL"):
+        submit(EXAMPLE, "ok", ["A"], link="ftp://x", submissions_dir=tmp_path, progress=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# submission.yaml
+
+
+GOOD = {"name": "my-est", "authors": ["A"], "track": "gradient"}
+
+
+def test_metadata_defaults_and_order():
+    assert validate_metadata(dict(GOOD)) == {**GOOD, "kind": "estimator"}
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({**GOOD, "team": "x"}, r"unknown key\(s\) team; allowed keys are name, authors, track, "
+                                r"kind, link, description"),
+        ({"name": "a", "track": "gradient"}, r"missing required key\(s\) authors; required keys "
+                                             r"are name, authors, track \(allowed keys: name, "),
+        ({"authors": ["A"]}, r"missing required key\(s\) name, track"),
+        ({**GOOD, "name": "-x"}, r"name '-x' is not valid"),
+        ({**GOOD, "authors": []}, r"authors \[\] must be a non-empty list"),
+        ({**GOOD, "authors": "A"}, r"authors 'A' must be a non-empty list"),
+        ({**GOOD, "track": "text"}, r"track 'text' is not one of gradient, open"),
+        ({**GOOD, "kind": "baseline"}, r"kind 'baseline' is not one of estimator, control"),
+        ({**GOOD, "link": "example.org"}, r"link 'example.org' is not a URL"),
+        ({**GOOD, "description": "two\nlines"}, r"description must be one non-empty line"),
+        (["name", "authors"], r"expected a YAML mapping with the keys name, authors"),
+    ],
+)
+def test_metadata_errors(meta, message):
+    with pytest.raises(SubmissionError, match=message):
+        validate_metadata(meta, "submission.yaml")
+
+
+def test_load_submission_checks_folder_name_and_track(subs, tmp_path):
+    sub = _copy(subs / "random", tmp_path)
+    meta = yaml.safe_load((sub / "submission.yaml").read_text())
+    (sub / "submission.yaml").write_text(yaml.safe_dump({**meta, "name": "other"}))
+    with pytest.raises(SubmissionError, match=r"name 'other' differs from the folder name"):
+        load_submission(sub)
+    (sub / "submission.yaml").write_text(yaml.safe_dump({**meta, "track": "open"}))
+    with pytest.raises(SubmissionError, match=r"track 'open' differs from the estimator's "
+                                               r"declared track 'gradient'"):
+        load_submission(sub)
+    (sub / "submission.yaml").write_text(yaml.safe_dump({**meta, "extra": 1}))
+    with pytest.raises(SubmissionError, match=r"unknown key\(s\) extra"):
+        load_submission(sub)
+    (sub / "results.json").unlink()
+    with pytest.raises(SubmissionError, match=r"missing results.json"):
+        load_submission(sub)
+
+
+def test_underscore_folders_are_not_submissions(tmp_path):
+    for name in ("b", "a", "_reference", ".hidden"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in find_submissions(tmp_path)] == ["a", "b"]
+
+
+# ----------------------------------------------------------------------------------------------
+# verify
+
+
+def test_verify_passes_on_an_untouched_submission(subs, micro_release, capsys):
+    rc = main(["verify", str(subs / "in-context-cosine"), str(subs / "random"), "--release",
+               str(micro_release), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "in-context-cosine: ok" in out and "2 of 2 submission(s) reproduced." in out
+
+
+def test_verify_fails_naming_the_metric_when_results_are_edited(subs, micro_release, tmp_path,
+                                                                capsys):
+    sub = _copy(subs / "in-context-cosine", tmp_path)
+    res = json.loads((sub / "results.json").read_text())
+    window = res["seeds"]["0"]["training"]["in-context-cosine"]["rollout"]["group"]["window"]
+    window["precision"] = round(window["precision"] + 0.01, 10)
+    res["checklist"][0]["verdict"] = "pass" if res["checklist"][0]["verdict"] != "pass" else "fail"
+    res["packages"]["numpy"] = "0.0.0"  # machine-specific: reported, never a failure
+    (sub / "results.json").write_text(json.dumps(res, indent=2, sort_keys=True))
+    rc = main(["verify", str(sub), "--release", str(micro_release), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "FAILED (2 values differ)" in out
+    assert "seeds.0.training.in-context-cosine.rollout.group.window.precision: committed" in out
+    assert "checklist.magnitude.verdict: committed" in out
+    assert "note (not checked, machine-specific): packages.numpy" in out
+    assert "code changed" not in out
+
+
+def test_verify_fails_when_the_code_changes_its_output(subs, micro_release, tmp_path):
+    sub = _copy(subs / "in-context-cosine", tmp_path)
+    est = sub / "estimator.py"
+    est.write_text(est.read_text().replace(
+        "return cosine(view.sketches, view.target(self.target))",
+        "return -cosine(view.sketches, view.target(self.target))"))
+    report = verify_submission(sub, micro_release, progress=False)
+    assert not report.ok and report.code_changed
+    text = report.format()
+    assert f"{est}: the estimator code changed" in text
+    assert "estimator.sha256: committed" in text
+    assert any(d.path.startswith("seeds.") and ".training.in-context-cosine." in d.path
+               for d in report.drifts)
+
+
+def test_verify_with_no_submissions_is_an_error(tmp_path):
+    (tmp_path / "_reference").mkdir()
+    assert main(["verify", "--submissions-dir", str(tmp_path)]) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# compare_results
+
+
+def test_compare_results_tolerance_and_types():
+    a = {"x": 0.5, "n": 3, "v": "pass", "ok": True, "none": None, "l": [1.0, 2.0]}
+    assert compare_results(a, dict(a)) == []
+    close = {**a, "x": 0.5 + FLOAT_TOLERANCE / 2}
+    assert compare_results(a, close) == []
+    far = {**a, "x": 0.5 + 3 * FLOAT_TOLERANCE}
+    assert [d.path for d in compare_results(a, far)] == ["x"]
+    assert [d.path for d in compare_results(a, {**a, "n": 4})] == ["n"]  # ints are exact
+    assert [d.path for d in compare_results(a, {**a, "ok": 1})] == ["ok"]  # bool is not int
+    assert [d.path for d in compare_results(a, {**a, "none": 0.0})] == ["none"]
+    assert [d.path for d in compare_results(a, {**a, "l": [1.0]})] == ["l (length)"]
+    assert [d.path for d in compare_results(a, {**a, "l": [1.0, 2.1]})] == ["l.1"]
+    missing = dict(a)
+    del missing["v"]
+    assert [str(d) for d in compare_results(a, missing)] == [
+        "v: committed 'pass', recomputed (absent)"]
+    assert [d.path for d in compare_results({"c": [{"key": "timing", "verdict": "pass"}]},
+                                            {"c": [{"key": "timing", "verdict": "fail"}]})] == [
+        "c.timing.verdict"]
