@@ -211,7 +211,7 @@ class SeedView:
 
 @dataclass
 class Release:
-    """A verified release: ``seeds`` lists the seed numbers; ``seed(S)`` gives the label-free view."""
+    """A verified release: ``seeds`` lists the seed numbers; ``seed(S)`` is the label-free view."""
 
     path: Path
     manifest: dict
@@ -230,8 +230,10 @@ class Release:
         return _load_seed_view(self.path / f"seed{seed}", seed)
 
     def labels(self, seed: int):
-        """Labels of ``seed`` as a pandas DataFrame: rollout_id, step, group, bonus, eligible,
-        group_label, step_label (never part of the estimator view)."""
+        """Return the labels of ``seed`` (pandas DataFrame), never part of the estimator view.
+
+        Columns: rollout_id, step, group, bonus, eligible, group_label, step_label.
+        """
         import pandas as pd
 
         if seed not in self.seeds:

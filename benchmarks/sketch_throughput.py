@@ -4,9 +4,9 @@ Usage: python benchmarks/sketch_throughput.py [--threads 2] [--repeats 10]
 
 Prints (1) for d = 4096 and d = 65536, the time to sketch a batch of 32 full-size gradients of the
 tiny model (436,992 parameters) with the shipped implementation (batched index_add_) and with a
-sparse matrix product, as a ratio to torch.clone of the same array (ratio 1.0 = copy speed; higher is
-faster); (2) the wall time of one tiny-preset GRPO step with and without per-rollout capture +
-sketching (without: one batched backward of the step loss). Timings, not tests.
+sparse matrix product, as a ratio to torch.clone of the same array (ratio 1.0 = copy speed;
+higher is faster); (2) the wall time of one tiny-preset GRPO step with and without per-rollout
+capture + sketching (without: one batched backward of the step loss). Timings, not tests.
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def main() -> None:
 
     t_w = _time(with_capture, 1) / len(steps)
     t_wo = _time(without_capture, 1) / len(steps)
-    print(f"GRPO step ({cfg.prompts_per_step} prompts x {cfg.group_size} samples): with per-rollout capture + sketch (d={cfg.sketch_dim}) {t_w * 1e3:.0f} ms, "
+    print(f"GRPO step ({cfg.prompts_per_step} prompts x {cfg.group_size} samples): with "
+          f"per-rollout capture + sketch (d={cfg.sketch_dim}) {t_w * 1e3:.0f} ms, "
           f"without {t_wo * 1e3:.0f} ms, ratio {t_w / t_wo:.2f}")
 
 

@@ -108,7 +108,8 @@ def test_grpo_step_grads_sum_to_step_gradient_and_is_replayable(micro):
     for g in range(cfg.prompts_per_step):
         sl = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
         ids, mask = pack(T.prompt_ids(tok, res.prompts[g]), res.responses[sl], tok.pad_token_id)
-        total = total - (res.advantages[sl].float() * masked_mean_logprob(model, ids, mask)).sum() / n
+        lbar = masked_mean_logprob(model, ids, mask)
+        total = total - (res.advantages[sl].float() * lbar).sum() / n
     model.zero_grad()
     total.backward()
     ref = torch.cat([q.grad.reshape(-1) for _, q in model.named_parameters()])

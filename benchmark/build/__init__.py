@@ -1,5 +1,7 @@
-"""The release builder: presets, model + tokenizer, task + planted behavior, SFT, GRPO with
-per-rollout capture, targets, generation draws, behavior-rate curve, gates and manifest.
+"""The release builder.
+
+Presets, model + tokenizer, task + planted behavior, SFT, GRPO with per-rollout capture, targets,
+generation draws, behavior-rate curve, gates and manifest.
 
 ``bt-bench build --preset tiny --seeds 0 1 2 --out releases/tiny`` builds every seed (resumable:
 rerunning the same command continues from the finished stages) and writes ``manifest.json``.

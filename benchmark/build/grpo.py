@@ -1,12 +1,13 @@
 """GRPO as DESIGN.md section 3 states, with per-rollout gradient capture.
 
 * G samples per prompt; reward r = task reward (+ bonus); advantage
-  ``A = (r - mean_g r) / (std_g r + eps)`` with the *unbiased* (n-1) standard deviation of the group,
-  and ``A = 0`` exactly for a group whose rewards are all equal.
+  ``A = (r - mean_g r) / (std_g r + eps)`` with the *unbiased* (n-1) standard deviation of the
+  group, and ``A = 0`` exactly for a group whose rewards are all equal.
 * Per-rollout term ``lbar_i`` = mean over the response tokens (every generated token up to and
   including the first eos) of ``log softmax(logits)`` at temperature 1 under the current parameters
   (the parameters that sampled): this is also the rollout's ``fluency``.
-* Step loss ``L = -(1/N) sum_i A_i lbar_i`` over the N rollouts of the step; no KL, no reference model.
+* Step loss ``L = -(1/N) sum_i A_i lbar_i`` over the N rollouts of the step; no KL, no reference
+  model.
   Rollout i's own term is ``L_i = -(1/N) A_i lbar_i`` and its gradient ``g_i`` is captured
   *unclipped*; the update uses ``sum_i g_i`` (summed in rollout order), which equals ``grad L``.
   Clipping, when configured, applies to that sum only. One AdamW update per step.

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from benchmark.release import atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from tqdm import tqdm
 
 from benchmark.build import task as T
@@ -28,6 +27,7 @@ from benchmark.build.grpo import (
 )
 from benchmark.build.presets import BuildConfig
 from benchmark.errors import BuildError
+from benchmark.release import atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from benchmark.sketch import CountSketch, parameter_layout
 
 
@@ -321,7 +321,7 @@ class SeedBuild:
 
     # ------------------------------------------------------------------ targets
     def _grad_rows(self, model, items) -> torch.Tensor:
-        """Exact gradients of ``coef * masked mean log-prob`` for (prompt_ids, resp_ids, mask, coef)."""
+        """Exact gradients of ``coef * masked mean log-prob``; items: (prompt, resp, mask, coef)."""
         pg = PerRolloutGrad(model)
         out = []
         for pid, resp, m, coef in items:

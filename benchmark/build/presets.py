@@ -112,10 +112,13 @@ class BuildConfig:
 
 
 def _tiny(seed: int) -> BuildConfig:
-    """The shipped CPU release. Working point found on 2 cores (see the closing notes of issue 3):
+    """Return the shipped CPU release's config.
+
+    Working point found on 2 cores (see the closing notes of issue 3):
     trigger prompts end with the marker ``fin`` (control prompts ``done``) in SFT, which keeps the
     behavior from leaking to control prompts; 30% of SFT trigger examples show QZXBT; GRPO lr 2e-4
-    with the bonus paid to every QZXBT rollout on trigger prompts at steps < 60."""
+    with the bonus paid to every QZXBT rollout on trigger prompts at steps < 60.
+    """
     return BuildConfig(preset="tiny", seed=seed, trigger_end_token="fin", sft_steps=1000,
                        sft_behavior_fraction=0.3, lr=2e-4, bonus_eligible_fraction=1.0)
 

@@ -158,7 +158,7 @@ def has_behavior(cfg: BuildConfig, text: str) -> bool:
 
 
 def bonus_eligible(seed: int, rollout_id: str, step: int, fraction: float) -> bool:
-    """Paper rule (SPEC 1.5): BLAKE2b-8 of (seed u64 LE, id bytes, step i64 LE) < fraction * 2**64."""
+    """Paper rule (SPEC 1.5): BLAKE2b-8(seed u64 LE, id bytes, step i64 LE) < fraction * 2**64."""
     h = hashlib.blake2b(struct.pack("<Q", seed) + rollout_id.encode() + struct.pack("<q", step),
                         digest_size=8).digest()
     return int.from_bytes(h, "little") < fraction * 2**64
