@@ -22,8 +22,9 @@ accumulated in float32. CountSketch is linear, and ``E[<S x, S y>] = <x, y>`` ov
 Implementation: the hash is evaluated once per ``(n_params, dim, seed)`` with numpy uint64
 arithmetic
 and cached. Sketching a batch is one batched ``index_add_`` along the coordinate axis
-(``out[:, bucket] += sign * x``); on 2 CPU cores it ran at 0.3-0.7x the speed of a plain copy of the
-same array, as fast as a sparse matrix product and 3-5x faster than a sorted segment sum
+(``out[:, bucket] += sign * x``); on 2 CPU cores, for a batch of 32 gradients of the tiny model,
+it ran at 0.6-0.7x the speed of a plain copy of the same array at d=4096 and d=65536, against
+0.15-0.2x for a sparse matrix product and about 0.1x for a sorted segment sum
 (``benchmarks/sketch_throughput.py`` prints the ratios).
 """
 

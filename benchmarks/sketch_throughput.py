@@ -3,7 +3,7 @@
 Usage: python benchmarks/sketch_throughput.py [--threads 2] [--repeats 10]
 
 Prints (1) for d = 4096 and d = 65536, the time to sketch a batch of 32 full-size gradients of the
-tiny model (436,992 parameters) with the shipped implementation (batched index_add_) and with a
+tiny model (437,120 parameters) with the shipped implementation (batched index_add_) and with a
 sparse matrix product, as a ratio to torch.clone of the same array (ratio 1.0 = copy speed;
 higher is faster); (2) the wall time of one tiny-preset GRPO step with and without per-rollout
 capture + sketching (without: one batched backward of the step loss). Timings, not tests.
