@@ -57,19 +57,34 @@ def _run_build(args: argparse.Namespace) -> int:
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="score an estimator file against controls and the checklist")
+    p = sub.add_parser("evaluate", help="score an estimator against controls and the checklist")
     p.add_argument("estimator", help="path of a .py file with one estimator class")
     p.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
     p.add_argument("--out", default="results.json",
                    help="where to write results.json (default: ./results.json)")
     p.add_argument("--seeds", type=int, nargs="+", help="score only these seeds (default: all)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_isolation_flags(p)
     p.set_defaults(func=lambda a: _evaluate().evaluate_command(
-        a.estimator, a.release, a.out, a.seeds, progress=not a.no_progress))
+        a.estimator, a.release, a.out, a.seeds, progress=not a.no_progress,
+        no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit))
     c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
     c.add_argument("estimator", help="path of a .py file with one estimator class")
     c.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
-    c.set_defaults(func=lambda a: _evaluate().check_estimator_command(a.estimator, a.release))
+    _add_isolation_flags(c)
+    c.set_defaults(func=lambda a: _evaluate().check_estimator_command(
+        a.estimator, a.release, no_isolation=a.no_isolation, time_limit=a.time_limit,
+        memory_gib=a.memory_limit))
+
+
+def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("isolation of the estimator's code (a sandboxed child process)")
+    g.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="wall-time limit of the estimator's process (default 600)")
+    g.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                   help="address-space limit of the estimator's process in GiB (default 6)")
+    g.add_argument("--no-isolation", action="store_true",
+                   help="run the estimator in this process (trusted code only; for debugging)")
 
 
 def _add_submissions(sub: argparse._SubParsersAction) -> None:

@@ -234,6 +234,13 @@ def _call(est: object, method: str, *args: object) -> object:
         ) from exc
     except EstimatorContractError:
         raise
+    except PermissionError as exc:
+        raise EstimatorContractError(
+            f"{type(est).__name__}.{method} was denied access ({exc}); an estimator may read "
+            "only its view (no labels, no release folder), write nowhere and use no network."
+        ) from exc
+    except MemoryError:
+        raise
     except Exception as exc:
         raise EstimatorContractError(
             f"{type(est).__name__}.{method} raised {type(exc).__name__}: {exc}"

@@ -26,7 +26,7 @@ import numpy as np
 from benchmark import checklist as C
 from benchmark import metrics as M
 from benchmark.contract import (
-    LoadedEstimator,
+    check_capabilities,
     check_estimator,
     get_params,
     load_estimator_file,
@@ -34,9 +34,11 @@ from benchmark.contract import (
 )
 from benchmark.errors import BenchmarkError
 from benchmark.io import atomic_write_text, dumps_json
+from benchmark.isolation import Limits, inspect_isolated, score_isolated
 from benchmark.view import DrawView, RunView
 
 RESULTS_SCHEMA_VERSION = 1
+DEFAULT_LIMITS = Limits()
 CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "controls"
 #: control name -> file (controls are estimator files run through the same path)
 CONTROL_FILES = {
@@ -173,17 +175,47 @@ def load_controls() -> list[Method]:
     return out
 
 
-def _score(method: Method, data: SeedData) -> dict:
-    who = type(method.instance).__name__
+def _check_name(name: str, sha256: str, path: Path) -> None:
+    """Raise unless the estimator's name is its own or it is the very file of that control."""
+    from benchmark.contract import EstimatorContractError, file_sha256
+
+    if name not in CONTROL_FILES:
+        return
+    control_file = CONTROLS_DIR / CONTROL_FILES[name]
+    if file_sha256(control_file) != sha256:
+        raise EstimatorContractError(
+            f"{path}: estimator name {name!r} is the name of a built-in control "
+            f"({control_file}); results would mix the two. Choose another name."
+        )
+
+
+def _raw_scores(instance: object, tasks: tuple[str, ...], data: SeedData) -> dict:
+    """Scores of one in-process method: rollout ``(n,)``, step ``(n_steps,)``, draws."""
+    who = type(instance).__name__
     rv, sv = data.rollout_view, data.step_view
-    r = validate_scores(method.instance.score_rollouts(rv), rv.n, who, "score_rollouts")
-    s = validate_scores(method.instance.score_rollouts(sv), sv.n, who, "score_rollouts")
-    draws = {}
-    if "draws" in method.tasks:
+    out = {"rollout": validate_scores(instance.score_rollouts(rv), rv.n, who, "score_rollouts"),
+           "step": validate_scores(instance.score_rollouts(sv), sv.n, who, "score_rollouts"),
+           "draws": {}}
+    if "draws" in tasks:
         for d in data.draws:
-            draws[d.draw_id] = validate_scores(method.instance.score_draw(rv, d), d.n, who,
-                                               "score_draw")
-    return {"rollout": r, "step": s[data.step_of_rollout], "draws": draws}
+            out["draws"][d.draw_id] = validate_scores(instance.score_draw(rv, d), d.n, who,
+                                                      "score_draw")
+    return out
+
+
+def _expand(raw: dict, data: SeedData) -> dict:
+    """Broadcast step scores to the step's rollouts (step-granular scores are tied blocks)."""
+    return {"rollout": raw["rollout"], "step": raw["step"][data.step_of_rollout],
+            "draws": raw["draws"]}
+
+
+def _label_files(rel: object, seeds: list[int]) -> list[Path]:
+    """Files of a release the estimator must not read: everything but checkpoints and tokenizer."""
+    out = []
+    for s in seeds:
+        d = Path(rel.path) / f"seed{s}"
+        out += [p for p in d.iterdir() if p.name not in ("checkpoints", "tokenizer")]
+    return out
 
 
 def _precision_block(scores: np.ndarray, gt: np.ndarray, blocks: np.ndarray, granular_ceiling:
@@ -320,6 +352,7 @@ def evaluate(
     release: str | Path = "tiny",
     settings: EvalSettings | None = None,
     progress: bool = True,
+    isolation: Limits | None = DEFAULT_LIMITS,
 ) -> dict:
     """Score one estimator file on a release; return the results as a plain dict.
 
@@ -328,6 +361,9 @@ def evaluate(
         release: a release id (``"tiny"``) or a release folder.
         settings: evaluation knobs (defaults pinned in :class:`EvalSettings`).
         progress: show tqdm progress.
+        isolation: limits of the sandboxed child process that loads, checks and runs the
+            estimator (:mod:`benchmark.isolation`); ``None`` runs it in this process (trusted
+            code only, e.g. while debugging an estimator).
 
     Returns:
         The results dict (see ``docs/results_schema.md``); write it with :func:`write_results`.
@@ -341,31 +377,52 @@ def evaluate(
     from benchmark.release import load_release
 
     settings = settings or EvalSettings()
-    loaded: LoadedEstimator = load_estimator_file(estimator_file)
+    estimator_file = Path(estimator_file)
     rel = load_release(release)
     seeds = list(settings.seeds) if settings.seeds is not None else list(rel.seeds)
     missing = [s for s in seeds if s not in rel.seeds]
     if missing:
         raise BenchmarkError(f"seeds {missing} are not in release {rel.release_id} "
                              f"(available: {rel.seeds}); drop them from --seeds.")
-    track = loaded.cls.track if hasattr(loaded.cls, "track") else "gradient"
 
-    bar = tqdm(total=len(seeds) + 1, desc="evaluate", disable=not progress, leave=False)
-    first = load_seed(rel, seeds[0], track)
-    report = check_estimator(loaded, [first.rollout_view, first.step_view], first.draws)
-    est = loaded.instantiate()
-    config = get_params(est)
+    bar = tqdm(total=len(seeds) + 2, desc="evaluate", disable=not progress, leave=False)
+    if isolation is not None:
+        meta = inspect_isolated(estimator_file, isolation)
+    else:
+        loaded = load_estimator_file(estimator_file)
+        check_capabilities(loaded.cls, loaded.path)
+        meta = {"name": loaded.name, "class": loaded.cls.__name__, "track": loaded.cls.track,
+                "tasks": list(loaded.cls.tasks), "config": get_params(loaded.instantiate()),
+                "sha256": loaded.sha256}
+    est_name, track = meta["name"], meta["track"]
+    _check_name(est_name, meta["sha256"], estimator_file)
+    datas = {seed: load_seed(rel, seed, track) for seed in seeds}
     bar.update(1)
-    methods = [Method(loaded.name, est, tuple(loaded.cls.tasks), False), *load_controls()]
-    est_name = loaded.name
+    if isolation is not None:
+        views = {s: (d.rollout_view, d.step_view, d.draws) for s, d in datas.items()}
+        est_raw, info = score_isolated(estimator_file, views, _label_files(rel, seeds), isolation)
+    else:
+        first = datas[seeds[0]]
+        report = check_estimator(loaded, [first.rollout_view, first.step_view], first.draws)
+        inst = loaded.instantiate()
+        est_raw = {s: _raw_scores(inst, tuple(meta["tasks"]), d) for s, d in datas.items()}
+        info = {"contract_checks": [c for c, _, _ in report.checks],
+                "protections": {"isolation": "none (in-process)"}}
+    bar.update(1)
+    # a control evaluated as the estimator keeps its control entry too: the same code gives the
+    # same scores, so it is compared with itself (a difference of exactly 0, never a pass)
+    methods = [Method(est_name, None, tuple(meta["tasks"]), False), *load_controls()]
 
     per_seed: dict[str, dict] = {}
     pooled: dict[int, dict[str, tuple[float, np.ndarray]]] = {}
     verdicts: dict[int, dict[str, C.Verdict]] = {i: {} for i in C.ITEMS}
     widths: dict[str, float] = {}
     for seed in seeds:
-        data = first if seed == seeds[0] else load_seed(rel, seed, track)
-        scores = {m.name: _score(m, data) for m in methods}
+        data = datas[seed]
+        scores = {m.name: _expand(_raw_scores(m.instance, m.tasks, data), data)
+                  for m in methods if m.is_control}
+        if est_name not in scores:
+            scores[est_name] = _expand(est_raw[seed], data)
         training = {m.name: _training_metrics(scores[m.name], data, settings, seed, m.name)
                     for m in methods}
         draws = {m.name: _draw_metrics(scores[m.name], data, settings, seed) for m in methods}
@@ -488,10 +545,12 @@ def evaluate(
         "bt_bench_version": _bt_version(),
         "release": _release_info(rel),
         "estimator": {
-            "name": est_name, "class": loaded.cls.__name__, "file": Path(estimator_file).name,
-            "sha256": loaded.sha256, "track": track, "tasks": list(loaded.cls.tasks),
-            "config": config, "contract_checks": [c for c, _, _ in report.checks],
+            "name": est_name, "class": meta["class"], "file": estimator_file.name,
+            "sha256": meta["sha256"], "track": track, "tasks": list(meta["tasks"]),
+            "config": meta["config"], "contract_checks": info["contract_checks"],
         },
+        "isolation": {"protections": info["protections"],
+                      "limits": asdict(isolation) if isolation is not None else None},
         "controls": list(CONTROL_FILES),
         "settings": _settings_dict(settings, seeds),
         "packages": _package_versions(),
@@ -620,11 +679,22 @@ def format_summary(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _limits(no_isolation: bool, time_limit: float | None, memory_gib: float | None
+            ) -> Limits | None:
+    if no_isolation:
+        return None
+    d = Limits()
+    return Limits(wall_seconds=time_limit or d.wall_seconds,
+                  memory_bytes=int(memory_gib * 2**30) if memory_gib else d.memory_bytes)
+
+
 def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: list[int] | None,
-                     progress: bool = True) -> int:
+                     progress: bool = True, no_isolation: bool = False,
+                     time_limit: float | None = None, memory_gib: float | None = None) -> int:
     """``bt-bench evaluate``: evaluate, print the summary, write results; exit 0."""
     settings = EvalSettings(seeds=tuple(seeds) if seeds else None)
-    results = evaluate(estimator_file, release, settings, progress=progress)
+    results = evaluate(estimator_file, release, settings, progress=progress,
+                       isolation=_limits(no_isolation, time_limit, memory_gib))
     print(format_summary(results))
     if out:
         write_results(results, out)
@@ -632,15 +702,29 @@ def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: 
     return 0
 
 
-def check_estimator_command(estimator_file: str, release: str) -> int:
-    """``bt-bench check-estimator``: run the contract checks on seed 0 of a release."""
+def check_estimator_command(estimator_file: str, release: str, no_isolation: bool = False,
+                            time_limit: float | None = None,
+                            memory_gib: float | None = None) -> int:
+    """``bt-bench check-estimator``: the contract checks on the first seed of a release."""
     from benchmark.release import load_release
 
-    loaded = load_estimator_file(estimator_file)
+    limits = _limits(no_isolation, time_limit, memory_gib)
     rel = load_release(release)
-    data = load_seed(rel, rel.seeds[0], getattr(loaded.cls, "track", "gradient"))
-    report = check_estimator(loaded, [data.rollout_view, data.step_view], data.draws)
-    for name, _, _ in report.checks:
+    seed = rel.seeds[0]
+    path = Path(estimator_file)
+    if limits is None:
+        loaded = load_estimator_file(path)
+        data = load_seed(rel, seed, getattr(loaded.cls, "track", "gradient"))
+        checks = [c for c, _, _ in check_estimator(
+            loaded, [data.rollout_view, data.step_view], data.draws).checks]
+        cls_name = loaded.cls.__name__
+    else:
+        meta = inspect_isolated(path, limits)
+        data = load_seed(rel, seed, meta["track"])
+        _, info = score_isolated(path, {seed: (data.rollout_view, data.step_view, data.draws)},
+                                 _label_files(rel, [seed]), limits)
+        checks, cls_name = info["contract_checks"], meta["class"]
+    for name in checks:
         print(f"ok  {name}")
-    print(f"{loaded.cls.__name__} ({loaded.path}) follows the estimator contract.")
+    print(f"{cls_name} ({path}) follows the estimator contract.")
     return 0
