@@ -113,6 +113,25 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     lb.set_defaults(func=lambda a: _leaderboard().leaderboard_command(a))
 
 
+def _add_hub(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("download", help="download a frozen release from the Hugging Face Hub")
+    d.add_argument("release", help="release id from the registry (e.g. tiny)")
+    d.add_argument("--revision", default=None, help="Hub commit SHA (default: the pinned one)")
+    d.add_argument("--cache-dir", default=None, help="huggingface_hub cache folder")
+    d.set_defaults(func=lambda a: _hub().download_command(a))
+    p = sub.add_parser("push", help="maintainers: publish a release folder to the Hub")
+    p.add_argument("run_dir", help="release folder (with manifest.json)")
+    p.add_argument("--repo-id", required=True, help="Hub dataset repo id, e.g. org/bt-bench-tiny")
+    p.add_argument("--private", action="store_true", help="create the repo as private")
+    p.set_defaults(func=lambda a: _hub().push_command(a))
+
+
+def _hub():
+    from benchmark import hub
+
+    return hub
+
+
 def _submissions():
     from benchmark import submissions
 
@@ -140,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_evaluate(sub)
     _add_submissions(sub)
+    _add_hub(sub)
     _add_paper(sub)
     _add_build(sub)
     return parser
