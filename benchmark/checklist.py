@@ -4,9 +4,15 @@ Each check takes the numbers of one seed (or one draw) and returns a :class:`Ver
 ``fail`` or ``inconclusive``, or ``reported`` for diagnostic items, with the numbers behind it.
 Aggregation over seeds and draws is explicit: an item passes only if it passes everywhere.
 
-Interval rule (items 1, 2, 4 and 7): a comparison passes when the lower end of the 95% paired
-cluster-bootstrap interval of the difference is above 0 and the interval is at most
-``MAX_WIDTH`` wide; an interval wider than ``MAX_WIDTH`` is inconclusive.
+Two interval rules:
+
+* a *comparison* (items 1, 2, 4: estimator minus a control, paired 95% cluster-bootstrap interval)
+  passes when the interval lies above 0; it fails when it does not and is at most ``MAX_WIDTH``
+  wide (or lies at or below 0); an interval that straddles 0 and is wider than ``MAX_WIDTH`` is
+  inconclusive (too little data to tell);
+* an *estimate* of the estimator's own metric (items 2, 3, 7) is inconclusive when its 95%
+  interval is wider than ``MAX_WIDTH`` (the paper's pre-registered 0.15 rule); otherwise it
+  passes when the interval's lower end clears the threshold.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ ITEMS: dict[int, tuple[str, str]] = {
     4: ("timing", "beats the step-order control inside the learning window"),
     5: ("seeds", "all seeds scored; items 1-4 pass on every seed"),
     6: ("draws", ">= 2 independent draws per seed; item 2 passes on every draw"),
-    7: ("precision_of_estimate", "every interval behind a verdict is <= 0.15 wide"),
+    7: ("precision_of_estimate", "the estimator's own intervals are <= 0.15 wide"),
     8: ("ties", "step-granular scores use tie-aware precision (tie-break range reported)"),
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
     10: ("causal", "removing the top rollouts moves the behavior more than controls"),
@@ -63,11 +69,27 @@ def combine(verdicts: Iterable[str]) -> str:
 def beats(diff: Mapping[str, float], max_width: float = MAX_WIDTH) -> str:
     """Verdict of one paired difference ``{"point", "lo", "hi"}`` (estimator minus control).
 
-    An undefined interval (NaN, e.g. a draw without a negative response) is inconclusive.
+    Pass when the interval lies above 0. Otherwise fail, unless the interval straddles 0 and is
+    wider than ``max_width`` (inconclusive). An undefined interval (NaN, e.g. a draw without a
+    negative response) is inconclusive.
     """
-    if not _finite(diff["lo"], diff["hi"]) or diff["hi"] - diff["lo"] > max_width:
+    if not _finite(diff["lo"], diff["hi"]):
         return INCONCLUSIVE
-    return PASS if diff["lo"] > 0 else FAIL
+    if diff["lo"] > 0:
+        return PASS
+    if diff["hi"] > 0 and diff["hi"] - diff["lo"] > max_width:
+        return INCONCLUSIVE
+    return FAIL
+
+
+def above(estimate: Mapping[str, float], threshold: float, max_width: float = MAX_WIDTH) -> str:
+    """Verdict of an own estimate ``{"lo", "hi"}``: its lower end must clear ``threshold``.
+
+    Inconclusive when the interval is undefined or wider than ``max_width``.
+    """
+    if not _finite(estimate["lo"], estimate["hi"]) or estimate["hi"] - estimate["lo"] > max_width:
+        return INCONCLUSIVE
+    return PASS if estimate["lo"] > threshold else FAIL
 
 
 def magnitude(diffs: Mapping[str, Mapping[str, float]]) -> Verdict:
@@ -84,11 +106,7 @@ def fluency(
     if raw_diff is None or residualized is None:
         return Verdict(INCONCLUSIVE, {}, "the estimator does not score generation draws")
     v_raw = beats(raw_diff)
-    width = residualized["hi"] - residualized["lo"]
-    if not _finite(residualized["lo"], residualized["hi"]) or width > MAX_WIDTH:
-        v_res = INCONCLUSIVE
-    else:
-        v_res = PASS if residualized["lo"] > 0.5 else FAIL
+    v_res = above(residualized, 0.5)
     return Verdict(combine([v_raw, v_res]), {
         "raw_minus_fluency": dict(raw_diff) | {"verdict": v_raw},
         "residualized_auc": dict(residualized) | {"verdict": v_res},
@@ -97,12 +115,7 @@ def fluency(
 
 def headroom(window: Mapping[str, float]) -> Verdict:
     """Item 3 for one seed: precision interval in the learning window must clear chance."""
-    width = window["hi"] - window["lo"]
-    if not _finite(window["lo"], window["hi"]) or width > MAX_WIDTH:
-        v = INCONCLUSIVE
-    else:
-        v = PASS if window["lo"] > window["chance"] else FAIL
-    return Verdict(v, dict(window))
+    return Verdict(above(window, window["chance"]), dict(window))
 
 
 def timing(diff: Mapping[str, float]) -> Verdict:
@@ -111,7 +124,7 @@ def timing(diff: Mapping[str, float]) -> Verdict:
 
 
 def precision_of_estimate(widths: Mapping[str, float]) -> Verdict:
-    """Item 7: every interval behind a verdict no wider than ``MAX_WIDTH``."""
+    """Item 7: the estimator's own intervals (precision per seed, AUC per draw) <= ``MAX_WIDTH``."""
     too_wide = {k: w for k, w in widths.items() if not w <= MAX_WIDTH}  # NaN counts as wide
     finite = [w for w in widths.values() if _finite(w)]
     worst = max(finite) if finite else None

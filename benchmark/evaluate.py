@@ -460,7 +460,6 @@ def evaluate(
                                    d, data.draw_labels[d.draw_id], False, settings, seed)
             res = draws[est_name][d.draw_id]["residualized"]
             verdicts[2][key] = C.fluency(raw_diff, res)
-            widths[f"{key}/raw_minus_fluency"] = raw_diff["hi"] - raw_diff["lo"]
             widths[f"{key}/residualized_auc"] = res["hi"] - res["lo"]
         # item 9: token level (diagnostic, a property of the release)
         for did, entry in token.items():
@@ -490,9 +489,6 @@ def evaluate(
         # item 4: timing
         diff_t = comparisons["precision"]["step-order"]
         verdicts[4][str(seed)] = C.timing(diff_t)
-        for k, v in diffs.items():
-            widths[f"{seed}/{k}"] = v["hi"] - v["lo"]
-        widths[f"{seed}/step-order"] = diff_t["hi"] - diff_t["lo"]
         widths[f"{seed}/precision"] = win["interval"][1] - win["interval"][0]
         # item 8: ties
         w = data.window

@@ -9,9 +9,18 @@ from benchmark import checklist as C
 
 def test_beats_rule():
     assert C.beats({"point": .1, "lo": .02, "hi": .12}) == C.PASS
-    assert C.beats({"point": .0, "lo": -.02, "hi": .05}) == C.FAIL
-    assert C.beats({"point": .1, "lo": .01, "hi": .2}) == C.INCONCLUSIVE  # wider than .15
+    assert C.beats({"point": .3, "lo": .01, "hi": .6}) == C.PASS  # wide but above 0
+    assert C.beats({"point": .0, "lo": -.02, "hi": .05}) == C.FAIL  # narrow, straddles 0
+    assert C.beats({"point": .1, "lo": -.05, "hi": .2}) == C.INCONCLUSIVE  # wide, straddles 0
+    assert C.beats({"point": -.3, "lo": -.5, "hi": -.1}) == C.FAIL  # below 0, however wide
+    assert C.beats({"point": 0.0, "lo": 0.0, "hi": 0.0}) == C.FAIL  # identical methods
     assert C.beats({"point": math.nan, "lo": math.nan, "hi": math.nan}) == C.INCONCLUSIVE
+
+
+def test_above_rule():
+    assert C.above({"lo": .55, "hi": .65}, .5) == C.PASS
+    assert C.above({"lo": .45, "hi": .55}, .5) == C.FAIL
+    assert C.above({"lo": .55, "hi": .75}, .5) == C.INCONCLUSIVE  # the paper's 0.15 rule
 
 
 def test_fluency_item_needs_both_parts():
