@@ -1,0 +1,192 @@
+"""Run every bad input we know of through the real CLI and write docs/bad_inputs.md.
+
+Each case builds its input in a temporary folder, runs ``bt-bench ...`` in a subprocess and records
+the exit code and the first line of what the user sees. Run from the repository root:
+``python scripts/bad_inputs_table.py`` (about two minutes; it evaluates on the shipped tiny
+release with ``--seeds 0``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT.parent / "shared" / "reference" / "paper-runs"
+
+GOOD = '''import numpy as np
+from estimators.base import BaseEstimator
+
+
+class Good(BaseEstimator):
+    name = "good"
+    tasks = ("rollouts", "draws")
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def score_rollouts(self, view):
+        return self.scale * np.asarray(view.advantages, float)
+
+    def score_draw(self, view, draw):
+        return np.asarray(draw.fluency, float)
+'''
+BODY = "return self.scale * np.asarray(view.advantages, float)"
+
+
+def est(tmp: Path, name: str, text: str) -> str:
+    p = tmp / name
+    p.write_text(text)
+    return str(p)
+
+
+def body(tmp: Path, name: str, code: str) -> str:
+    return est(tmp, name, GOOD.replace(BODY, code))
+
+
+def run(args: list[str], cwd: Path) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "benchmark.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, check=False)
+    text = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    lines = [ln for ln in text if ln.startswith("bt-bench: error") or "FAILED" in ln
+             or ln.startswith("  ")] or text[-1:]
+    return proc.returncode, " ".join(ln.strip() for ln in lines[:2])
+
+
+def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
+    ev = ["evaluate", "--seeds", "0", "--no-progress", "--out", str(tmp / "results.json")]
+    labels = ROOT / "releases" / "tiny" / "seed0" / "labels.parquet"
+    release_copy = tmp / "release"
+    shutil.copytree(ROOT / "releases" / "tiny", release_copy,
+                    ignore=shutil.ignore_patterns("seed1", "seed2"))
+    manifest = json.loads((release_copy / "manifest.json").read_text())
+    manifest["schema_version"] = 99
+    bad_schema = tmp / "bad_schema"
+    shutil.copytree(release_copy, bad_schema)
+    (bad_schema / "manifest.json").write_text(json.dumps(manifest))
+    tampered = tmp / "tampered"
+    shutil.copytree(release_copy, tampered)
+    with (tampered / "seed0" / "targets.npz").open("ab") as fh:
+        fh.write(b"x")
+    missing_file = tmp / "missing_file"
+    shutil.copytree(release_copy, missing_file)
+    (missing_file / "seed0" / "rollouts.parquet").unlink()
+    sub_dir = tmp / "submissions"
+    (sub_dir / "mine").mkdir(parents=True)
+    (sub_dir / "mine" / "estimator.py").write_text(GOOD)
+    (sub_dir / "mine" / "submission.yaml").write_text(
+        "name: mine\nauthors: [me]\ntrack: gradient\ncolour: blue\n")
+    (sub_dir / "mine" / "results.json").write_text("{}")
+    sub2 = tmp / "submissions2"
+    (sub2 / "mine").mkdir(parents=True)
+    (sub2 / "mine" / "estimator.py").write_text(GOOD)
+    (sub2 / "mine" / "submission.yaml").write_text("name: mine\ntrack: gradient\n")
+    (sub2 / "mine" / "results.json").write_text("{}")
+    runs = tmp / "runs" / "seed0"
+    runs.mkdir(parents=True)
+    (runs / "ground_truth.jsonl").write_text('{"rollout_id": "a", "step": 0}\n{"rollout_id": \n')
+    (runs / "attribution_scores.json").write_text(json.dumps(
+        {"methods": {"m": [["a", 1.0]]}, "rollout_steps": {"a": 0}, "nonzero_steps": [0]}))
+    runs2 = tmp / "runs2" / "seed0"
+    runs2.mkdir(parents=True)
+    (runs2 / "ground_truth.jsonl").write_text('{"rollout_id": "zzz", "step": 0}\n')
+    (runs2 / "attribution_scores.json").write_text((runs / "attribution_scores.json").read_text())
+    runs3 = tmp / "runs3" / "seed0"
+    runs3.mkdir(parents=True)
+    (runs3 / "ground_truth.jsonl").write_text("\n")
+    (runs3 / "attribution_scores.json").write_text((runs / "attribution_scores.json").read_text())
+    out = [
+        ("estimator", "file does not exist", ev + [str(tmp / "nope.py")]),
+        ("estimator", "not a Python file", ev + [est(tmp, "est.txt", GOOD)]),
+        ("estimator", "syntax error", ev + [est(tmp, "syntax.py", "def f(:\n")]),
+        ("estimator", "import error", ev + [est(tmp, "imp.py", "import not_a_module_xyz\n")]),
+        ("estimator", "no estimator class", ev + [est(tmp, "none.py", "x = 1\n")]),
+        ("estimator", "two estimator classes",
+         ev + [est(tmp, "two.py", GOOD + GOOD.replace("class Good", "class Other"))]),
+        ("estimator", "wrong shape", ev + [body(tmp, "shape.py", "return np.zeros(3)")]),
+        ("estimator", "NaN scores", ev + [body(tmp, "nan.py", "return np.full(view.n, np.nan)")]),
+        ("estimator", "non-numeric scores", ev + [body(tmp, "str.py", "return ['a'] * view.n")]),
+        ("estimator", "modifies its input",
+         ev + [body(tmp, "mut.py", "view.sketches[0, 0] = 1\n        return np.zeros(view.n)")]),
+        ("estimator", "not deterministic",
+         ev + [body(tmp, "rand.py", "return np.random.default_rng().random(view.n)")]),
+        ("estimator", "__init__ does not store its argument",
+         ev + [est(tmp, "init.py", GOOD.replace("self.scale = scale", "self._s = scale"))]),
+        ("estimator", "constructor argument without default",
+         ev + [est(tmp, "nodef.py", GOOD.replace("scale: float = 1.0", "scale: float"))]),
+        ("estimator", "bad track", ev + [est(tmp, "track.py", GOOD.replace(
+            'name = "good"', 'name = "good"\n    track = "closed"'))]),
+        ("estimator", "name of a built-in control", ev + [est(tmp, "ctl.py", GOOD.replace(
+            'name = "good"', 'name = "norm-only"'))]),
+        ("sandbox", "reads the labels file by path",
+         ev + [body(tmp, "labels.py", f"open({str(labels)!r}, 'rb')\n        return 0")]),
+        ("sandbox", "opens a network connection", ev + [body(tmp, "net.py",
+         "import socket\n        socket.create_connection(('127.0.0.1', 80), 2)\n"
+         "        return 0")]),
+        ("sandbox", "writes into the release folder", ev + [body(tmp, "write.py",
+         f"open({str(labels.parent / 'x.txt')!r}, 'w')\n        return 0")]),
+        ("sandbox", "sleeps past the time limit", ev + ["--time-limit", "5", body(
+            tmp, "sleep.py", "import time\n        time.sleep(60)\n        return 0")]),
+        ("sandbox", "allocates past the memory limit", ev + ["--memory-limit", "2", body(
+            tmp, "mem.py", "x = np.ones(3 << 27)\n        return 0")]),
+        ("sandbox", "calls os._exit", ev + [body(tmp, "exit.py",
+         "import os\n        os._exit(0)")]),
+        ("release", "unknown release id", ev + ["--release", "nonexistent", est(tmp, "g.py", GOOD)]),
+        ("release", "wrong schema version",
+         ev + ["--release", str(bad_schema), str(tmp / "g.py")]),
+        ("release", "a file fails its checksum", ev + ["--release", str(tampered),
+                                                      str(tmp / "g.py")]),
+        ("release", "a file is missing", ev + ["--release", str(missing_file), str(tmp / "g.py")]),
+        ("release", "seed not in the release", ["evaluate", "--seeds", "7", "--no-progress",
+                                                str(tmp / "g.py")]),
+        ("submission", "submission.yaml with an unknown key",
+         ["verify", "--submissions-dir", str(sub_dir), "--no-progress"]),
+        ("submission", "submission.yaml missing a key",
+         ["verify", "--submissions-dir", str(sub2), "--no-progress"]),
+        ("submission", "invalid submission name",
+         ["submit", str(tmp / "g.py"), "--name", "Bad Name!", "--authors", "me"]),
+        ("paper", "missing runs folder", ["paper", "reproduce", "--runs", str(tmp / "nope")]),
+        ("paper", "malformed JSON line", ["paper", "reproduce", "--runs", str(runs.parent)]),
+        ("paper", "ground truth ids not among the scored rollouts",
+         ["paper", "reproduce", "--runs", str(runs2.parent)]),
+        ("paper", "empty ground truth", ["paper", "reproduce", "--runs", str(runs3.parent)]),
+    ]
+    return out
+
+
+def main() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for area, what, args in cases(tmp):
+            rc, msg = run(args, ROOT)
+            msg = msg.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
+            rows.append((area, what, rc, msg))
+            print(f"{rc}  {area:10s} {what}: {msg[:110]}", flush=True)
+            if (tmp / "results.json").exists():
+                raise SystemExit(f"{what}: a results file was written")
+    lines = [
+        "# Bad input: what the user sees",
+        "",
+        "Generated by `python scripts/bad_inputs_table.py`: each input is built in a temporary "
+        "folder and run through the real `bt-bench` command; the message is the first error "
+        "line (paths shortened). In every case nothing is written (the script checks that no "
+        "results file appears). Exit code 2 = a clear error; 1 = verification found drift.",
+        "",
+        f"{len(rows)} cases.",
+        "",
+        "| area | bad input | exit | what the user sees |",
+        "|---|---|---|---|",
+    ]
+    for area, what, rc, msg in rows:
+        lines.append(f"| {area} | {what} | {rc} | {msg.replace('|', '/')} |")
+    (ROOT / "docs" / "bad_inputs.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote docs/bad_inputs.md ({len(rows)} cases)")
+
+
+if __name__ == "__main__":
+    main()
