@@ -27,7 +27,8 @@ from benchmark.view import DrawView, RunView
 TRACKS = ("gradient", "open")
 TASKS = ("rollouts", "draws")
 
-__all__ = ["TASKS", "TRACKS", "BaseEstimator", "DrawView", "Estimator", "RunView", "cosine"]
+__all__ = ["TASKS", "TRACKS", "BaseEstimator", "DrawView", "Estimator", "RunView",
+           "center_by_group", "cosine"]
 
 
 @runtime_checkable
@@ -85,3 +86,13 @@ def cosine(rows: np.ndarray, target: np.ndarray, eps: float = 1e-12) -> np.ndarr
     dots = rows @ t
     norms = np.linalg.norm(rows, axis=1) * np.linalg.norm(t)
     return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
+
+
+def center_by_group(rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Subtract each group's mean row: ``(n, d)`` float64, rows compared with their siblings."""
+    rows = np.asarray(rows, dtype=np.float64)
+    _, inv = np.unique(np.asarray(groups), return_inverse=True)
+    means = np.zeros((inv.max() + 1, rows.shape[1]))
+    np.add.at(means, inv, rows)
+    means /= np.bincount(inv)[:, None]
+    return rows - means[inv]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from estimators.base import BaseEstimator, DrawView, RunView, cosine
+from estimators.base import BaseEstimator, DrawView, RunView, center_by_group, cosine
 
 
 class GAS(BaseEstimator):
@@ -25,9 +25,5 @@ class GAS(BaseEstimator):
         return cosine(view.sketches, view.target(self.target))
 
     def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
-        s = np.asarray(draw.sketches, dtype=np.float64)
-        _, inv = np.unique(draw.groups, return_inverse=True)
-        means = np.zeros((inv.max() + 1, s.shape[1]))
-        np.add.at(means, inv, s)
-        means /= np.bincount(inv)[:, None]
-        return cosine(s - means[inv], view.target(self.target, draw.checkpoint_step))
+        centred = center_by_group(draw.sketches, draw.groups)
+        return cosine(centred, view.target(self.target, draw.checkpoint_step))

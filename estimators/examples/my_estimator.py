@@ -12,7 +12,7 @@ import numpy as np
 
 # The base class is optional (any class with these attributes and methods works), but it gives
 # get_params() for free and clear errors for missing methods.
-from estimators.base import BaseEstimator, DrawView, RunView, cosine
+from estimators.base import BaseEstimator, DrawView, RunView, center_by_group, cosine
 
 
 class InContextCosine(BaseEstimator):
@@ -35,9 +35,5 @@ class InContextCosine(BaseEstimator):
     def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
         # draw.sketches: (m, d) sketches of fresh responses at draw.checkpoint_step, in groups
         # of G samples of one prompt. Centring on the group mean compares siblings.
-        s = np.asarray(draw.sketches, dtype=np.float64)
-        _, inv = np.unique(draw.groups, return_inverse=True)
-        means = np.zeros((inv.max() + 1, s.shape[1]))
-        np.add.at(means, inv, s)
-        means /= np.bincount(inv)[:, None]
-        return cosine(s - means[inv], view.target(self.target, draw.checkpoint_step))
+        centred = center_by_group(draw.sketches, draw.groups)
+        return cosine(centred, view.target(self.target, draw.checkpoint_step))
