@@ -126,17 +126,39 @@ def releases_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "releases"
 
 
-def resolve_release(name_or_path: str | os.PathLike) -> Path:
-    """Resolve a release name (``"tiny"``) or a folder path to the release folder."""
+def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> Path:
+    """Resolve a release name (``"tiny"``) or a folder path to the release folder.
+
+    Order: a folder holding ``manifest.json``; ``releases_dir() / name`` (the shipped ``tiny``,
+    or ``$BT_BENCH_RELEASES``); then, for an id in the release registry
+    (:mod:`benchmark.hub`), its pinned revision in the Hugging Face cache, downloaded first when
+    it is not cached and ``download`` is true (never with ``HF_HUB_OFFLINE=1``). The folder is
+    returned as an absolute path (the estimator's sandbox runs in another working directory).
+
+    Raises:
+        ReleaseError: nothing found (the message says where it looked and how to get it).
+    """
     p = Path(name_or_path)
     if (p / MANIFEST).is_file():
-        return p
+        return Path(os.path.abspath(p))  # absolute: the estimator's sandbox runs elsewhere
     cand = releases_dir() / str(name_or_path)
     if (cand / MANIFEST).is_file():
-        return cand
+        return Path(os.path.abspath(cand))
+    from benchmark import hub
+
+    entry = hub.find_entry(str(name_or_path))
+    if entry is not None:
+        hit = hub.cached_release(entry.release_id)
+        if hit is not None:
+            return hit
+        if download:
+            return hub.release_from_hub(entry.release_id)
+    hint = (f"run `bt-bench download {name_or_path}`" if entry is not None else
+            f"registered ids: {sorted(hub.load_registry())}")
     raise ReleaseError(
-        f"no release {str(name_or_path)!r}: neither {p} nor {cand} holds {MANIFEST}; pass a "
-        "release folder, or set BT_BENCH_RELEASES to the folder that contains it"
+        f"no release {str(name_or_path)!r}: neither {p} nor {cand} holds {MANIFEST} and it is not "
+        f"in the Hugging Face cache; pass a release folder, set BT_BENCH_RELEASES to the folder "
+        f"that contains it, or {hint}"
     )
 
 
@@ -211,11 +233,21 @@ class SeedView:
 
 @dataclass
 class Release:
-    """A verified release: ``seeds`` lists the seed numbers; ``seed(S)`` is the label-free view."""
+    """A verified release: ``seeds`` lists the seed numbers; ``seed(S)`` is the label-free view.
+
+    ``manifest_sha256`` is the sha256 of ``manifest.json``. ``hub_repo_id`` / ``hub_revision``
+    name the Hub dataset commit whose files this folder holds byte for byte: the snapshot's
+    commit for a copy in the Hugging Face cache, else the registry's pinned revision when the
+    manifest sha256 matches the registry (the shipped ``tiny`` once it is pushed); ``None`` for
+    an unpublished release.
+    """
 
     path: Path
     manifest: dict
     seeds: list[int]
+    manifest_sha256: str | None = None
+    hub_repo_id: str | None = None
+    hub_revision: str | None = None
 
     @property
     def release_id(self) -> str:
@@ -281,13 +313,31 @@ def load_release(name_or_path: str | os.PathLike, verify: bool = True) -> Releas
             missing or modified (the message names the file, the expected and actual sha256).
     """
     root = resolve_release(name_or_path)
-    manifest = json.loads((root / MANIFEST).read_text())
+    raw = (root / MANIFEST).read_bytes()
+    manifest = json.loads(raw)
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise ReleaseError(
             f"{root / MANIFEST} has schema_version {manifest.get('schema_version')!r}, this "
             f"bt-bench reads {SCHEMA_VERSION}; upgrade bt-bench or fetch a matching release"
         )
+    from benchmark import hub
+
+    msha = hashlib.sha256(raw).hexdigest()
+    origin = hub.hub_origin(root)
     if verify:
-        verify_release(root, manifest)
+        try:
+            verify_release(root, manifest)
+        except ReleaseError as e:
+            if origin is None:
+                raise
+            raise ReleaseError(f"{e}. This copy is in the Hugging Face cache ({origin[0]} at "
+                               f"{origin[1]}): `bt-bench download {manifest.get('release_id')} "
+                               f"--revision {origin[1]}` fetches the failing files again") from e
+    if origin is None:
+        entry = hub.entry_for_manifest(str(manifest.get("release_id")), msha)
+        if entry is not None and entry.revision is not None:
+            origin = (entry.repo_id, entry.revision)
     seeds = sorted(int(s) for s in manifest["seeds"])
-    return Release(path=root, manifest=manifest, seeds=seeds)
+    return Release(path=root, manifest=manifest, seeds=seeds, manifest_sha256=msha,
+                   hub_repo_id=origin[0] if origin else None,
+                   hub_revision=origin[1] if origin else None)
