@@ -331,7 +331,7 @@ def _release_info(release: object) -> dict:
         "version": release.manifest.get("release_version"),
         "schema_version": release.manifest.get("schema_version"),
         "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest(),
-        "hub_revision": release.manifest.get("hub_revision"),
+        "hub_revision": getattr(release, "hub_revision", None),
     }
 
 

@@ -135,9 +135,12 @@ def _allowed_read_paths(estimator_file: Path, view_dir: Path,
              str(Path(estimators.__file__).parent), str(estimator_file), str(view_dir)}
     paths |= {p for p in sys.path if p and Path(p).is_dir() and "site-packages" in p}
     for rv, _, _ in views.values():
-        paths |= {str(p) for p in rv.checkpoint_dir.values()}
-        if rv.tokenizer_dir:
-            paths.add(str(rv.tokenizer_dir))
+        dirs = [*rv.checkpoint_dir.values(), *([rv.tokenizer_dir] if rv.tokenizer_dir else [])]
+        paths |= {str(p) for p in dirs}
+        # a release in the Hugging Face cache holds symlinks into blobs/: grant their targets
+        # one by one (granting blobs/ itself would expose the labels)
+        paths |= {os.path.realpath(f) for d in dirs for f in Path(d).rglob("*")
+                  if f.is_symlink() and f.is_file()}
     return sorted(paths)
 
 

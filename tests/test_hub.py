@@ -437,8 +437,6 @@ class CheckpointReader(BaseEstimator):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="benchmark/isolation.py grants the checkpoint folders but "
-                   "not the blobs/ their cache symlinks point to (patch in docs/hub.md)")
 def test_sandboxed_estimator_reads_checkpoints_of_a_cache_copy(registry, tmp_path):
     from benchmark.evaluate import EvalSettings, evaluate
 
