@@ -13,7 +13,6 @@ from benchmark.build.grpo import (
     masked_mean_logprob,
     pack,
 )
-from benchmark.build.pipeline import tie_aware_precision
 from benchmark.errors import BuildError, ReleaseError
 from benchmark.release import load_release
 
@@ -135,13 +134,6 @@ def test_removed_rollout_keeps_group_statistics(micro):
     j = full.grad_rows.index(nz[0])
     torch.testing.assert_close(rem.step_grad, full.step_grad - full.grads[j], atol=1e-7,
                                rtol=1e-4)
-
-
-def test_tie_aware_precision_hand_case():
-    scores = np.array([3.0, 2.0, 2.0, 2.0, 1.0])
-    gt = np.array([True, True, False, False, True])
-    # k=3: block {0} credit 1; block {1,2,3} 2 slots, 1 GT -> 2/3; P = (1 + 2/3)/3
-    assert tie_aware_precision(scores, gt) == pytest.approx((1 + 2 / 3) / 3)
 
 
 def test_two_step_build_writes_every_file_and_a_valid_manifest(tmp_path):

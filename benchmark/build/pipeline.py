@@ -27,6 +27,7 @@ from benchmark.build.grpo import (
 )
 from benchmark.build.presets import BuildConfig
 from benchmark.errors import BuildError
+from benchmark.metrics import precision_at_k
 from benchmark.release import atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from benchmark.sketch import CountSketch, parameter_layout
 
@@ -477,8 +478,8 @@ class SeedBuild:
             if gt.sum() == 0:
                 out[f"gas_step_precision_{lab}"] = None
                 continue
-            pe = tie_aware_precision(ex_score[steps], gt)
-            ps = tie_aware_precision(sk_score[steps], gt)
+            pe = precision_at_k(ex_score[steps], gt)
+            ps = precision_at_k(sk_score[steps], gt)
             out[f"gas_step_precision_{lab}"] = {"exact": pe, "sketch": ps,
                                                 "abs_diff": abs(pe - ps)}
         self.state["fidelity"] = out
@@ -492,28 +493,6 @@ class SeedBuild:
             )
         for f in ("step_grads.npy", "fid_grads.npy"):
             (self.work / f).unlink(missing_ok=True)
-
-
-def tie_aware_precision(scores: np.ndarray, is_gt: np.ndarray, k: int | None = None) -> float:
-    """Tie-aware precision@k (SPEC 5.2), k = |GT| by default; blocks of exact ties share credit."""
-    scores = np.asarray(scores, dtype=np.float64)
-    is_gt = np.asarray(is_gt, dtype=bool)
-    k = int(is_gt.sum()) if k is None else int(k)
-    if k <= 0:
-        raise ValueError("k must be positive (no ground-truth items)")
-    order = np.argsort(-scores, kind="stable")
-    s, g = scores[order], is_gt[order]
-    credit, filled, i = 0.0, 0, 0
-    while i < len(s) and filled < k:
-        j = i
-        while j < len(s) and s[j] == s[i]:
-            j += 1
-        size = j - i
-        slots = min(size, k - filled)
-        credit += g[i:j].sum() * slots / size
-        filled += slots
-        i = j
-    return float(credit / k)
 
 
 def _npz_bytes(arrays: dict) -> bytes:
