@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.errors import ReleaseError
+from benchmark.io import atomic_write_bytes  # noqa: F401  (re-exported for the builder)
 
 SCHEMA_VERSION = 1
 RELEASE_VERSION = "1.0.0"
@@ -32,18 +33,6 @@ WORK_DIR = ".work"
 
 
 # ---------------------------------------------------------------------- write side
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def atomic_write_json(path: Path, obj) -> None:
     """Write ``obj`` as sorted, indented, standard JSON (no NaN) atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False)
