@@ -25,11 +25,14 @@ from benchmark.build.presets import BuildConfig
 
 @torch.no_grad()
 def sample(model, prompt_ids: list[list[int]], n_per_prompt: int, gen: torch.Generator,
-           temperature: float, top_p: float, max_new_tokens: int, eos_id: int) -> list[list[int]]:
+           temperature: float, top_p: float, max_new_tokens: int, eos_id: int,
+           last_logits=None) -> list[list[int]]:
     """Sample ``n_per_prompt`` responses per prompt; returns response ids (through the first eos).
 
     Draws come only from ``gen`` (temperature, then nucleus filtering with ``top_p``); prompts are
     processed one group at a time in order, so the result is a pure function of the inputs.
+    ``last_logits(ids) -> (B, vocab)`` replaces ``model(input_ids=ids).logits[:, -1, :]`` (the
+    replay passes a bit-identical, lower-overhead forward).
     """
     out: list[list[int]] = []
     for ids in prompt_ids:
@@ -37,7 +40,9 @@ def sample(model, prompt_ids: list[list[int]], n_per_prompt: int, gen: torch.Gen
         done = torch.zeros(n_per_prompt, dtype=torch.bool)
         resp = [[] for _ in range(n_per_prompt)]
         for _ in range(max_new_tokens):
-            logits = model(input_ids=seq).logits[:, -1, :].float() / temperature
+            last = (model(input_ids=seq).logits[:, -1, :] if last_logits is None
+                    else last_logits(seq))
+            logits = last.float() / temperature
             probs = torch.softmax(logits, dim=-1)
             sp, si = torch.sort(probs, dim=-1, descending=True)
             keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
@@ -155,9 +160,24 @@ def set_flat_grad(model, flat: torch.Tensor) -> None:
         off += n
 
 
-def grpo_step(model, optimizer, per_grad: PerRolloutGrad, cfg: BuildConfig, tokenizer, step: int,
-              remove: set[int] | None = None, update: bool = True) -> StepResult:
-    """One GRPO step: a pure function of (parameters, optimizer state, step, removal set).
+@dataclass
+class Rollouts:
+    """The sampled half of a GRPO step (rows in rollout order: group-major, sample-minor)."""
+
+    prompts: list
+    prompt_ids: list[list[int]]
+    responses: list[list[int]]
+    task_rewards: list[float]
+    rewards: list[float]
+    bonus: list[bool]
+    eligible: list[bool]
+    has_behavior: list[bool]
+    advantages: torch.Tensor  # float64 (N,), removed positions already set to 0
+
+
+def grpo_rollouts(model, cfg: BuildConfig, tokenizer, step: int,
+                  remove: set[int] | None = None, last_logits=None) -> Rollouts:
+    """Sample, reward and normalize one GRPO step's rollouts (no update).
 
     All draws come from ``step_generator(cfg.seed, TAG_GRPO, step)``. A rollout index in ``remove``
     keeps its reward in the group statistics but gets advantage 0 (contributes no loss).
@@ -169,8 +189,7 @@ def grpo_step(model, optimizer, per_grad: PerRolloutGrad, cfg: BuildConfig, toke
     pids = [T.prompt_ids(tokenizer, p) for p in prompts]
     model.eval()
     responses = sample(model, pids, cfg.group_size, gen, cfg.temperature, cfg.top_p,
-                       cfg.max_new_tokens, tokenizer.eos_token_id)
-    n = len(responses)
+                       cfg.max_new_tokens, tokenizer.eos_token_id, last_logits=last_logits)
     task_r, rew, bon, elig, beh = [], [], [], [], []
     for i, r in enumerate(responses):
         p = prompts[i // cfg.group_size]
@@ -188,14 +207,31 @@ def grpo_step(model, optimizer, per_grad: PerRolloutGrad, cfg: BuildConfig, toke
     if remove:
         for i in remove:
             adv[i] = 0.0
-    fluency = torch.zeros(n)
+    return Rollouts(prompts, pids, responses, task_r, rew, bon, elig, beh, adv)
+
+
+def grpo_step(model, optimizer, per_grad: PerRolloutGrad, cfg: BuildConfig, tokenizer, step: int,
+              remove: set[int] | None = None, update: bool = True,
+              fluency: bool = True, last_logits=None) -> StepResult:
+    """One GRPO step: a pure function of (parameters, optimizer state, step, removal set).
+
+    All draws come from ``step_generator(cfg.seed, TAG_GRPO, step)``. A rollout index in ``remove``
+    keeps its reward in the group statistics but gets advantage 0 (contributes no loss).
+    ``fluency=False`` skips the (no-grad) fluency pass, which never touches the update;
+    ``last_logits`` is passed to :func:`sample`.
+    """
+    ro = grpo_rollouts(model, cfg, tokenizer, step, remove, last_logits=last_logits)
+    prompts, pids, responses, adv = ro.prompts, ro.prompt_ids, ro.responses, ro.advantages
+    n = len(responses)
+    fluency_t = torch.zeros(n)
     rows_all, grads_all = [], []
     for g in range(cfg.prompts_per_step):
         sl = range(g * cfg.group_size, (g + 1) * cfg.group_size)
         ids, mask = pack(pids[g], [responses[i] for i in sl], tokenizer.pad_token_id)
-        with torch.no_grad():
-            fluency[g * cfg.group_size:(g + 1) * cfg.group_size] = masked_mean_logprob(
-                model, ids, mask)
+        if fluency:
+            with torch.no_grad():
+                fluency_t[g * cfg.group_size:(g + 1) * cfg.group_size] = masked_mean_logprob(
+                    model, ids, mask)
         nz = [j for j, i in enumerate(sl) if adv[i] != 0.0]
         if not nz:
             continue
@@ -217,5 +253,5 @@ def grpo_step(model, optimizer, per_grad: PerRolloutGrad, cfg: BuildConfig, toke
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
-    return StepResult(prompts, responses, task_r, rew, bon, elig, beh, adv, fluency, grads,
-                      rows_all, step_grad)
+    return StepResult(prompts, responses, ro.task_rewards, ro.rewards, ro.bonus, ro.eligible,
+                      ro.has_behavior, adv, fluency_t, grads, rows_all, step_grad)
