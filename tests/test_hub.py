@@ -230,7 +230,7 @@ def test_download_round_trip(registry, fake_hub, tmp_path):
     snap = tmp_path / "cache" / "datasets--bt-bench--tiny" / "snapshots" / COMMIT
     assert got.path == snap and got.revision == COMMIT and got.verified and not got.repaired
     files = _manifest_files()
-    assert got.n_files == len(files) == 99
+    assert got.n_files == len(files) == 102
     # only the manifest and the files it lists (no README, no .gitattributes), each at most
     # once: files with equal bytes share one blob (tokenizers of the seeds)
     fetched = fake_hub.fetched()
@@ -373,7 +373,7 @@ def test_a_revision_with_another_manifest_is_refused(tmp_path, monkeypatch, hub_
         (tmp_path / "r.json").write_text(json.dumps(reg))
         monkeypatch.setenv("BT_BENCH_REGISTRY", str(tmp_path / "r.json"))
         with pytest.raises(ReleaseError, match=r"manifest.json \(release 'tiny'.*has sha256 .*the "
-                           r"registry .* pins f6b23c"):
+                           r"registry .* pins ec630b"):
             hub.download_release("tiny", cache_dir=tmp_path / "cache", endpoint=h.url)
         assert h.fetched() == [MANIFEST, MANIFEST]  # nothing else was downloaded
     finally:
@@ -391,7 +391,7 @@ def test_cli_download_then_evaluate_matches_the_shipped_copy(registry, tmp_path)
                          timeout=300)
     assert out.returncode == 0, out.stderr
     snap = cache / "datasets--bt-bench--tiny" / "snapshots" / COMMIT
-    assert f"{COMMIT}: 99 files, 83,591,578 bytes, every sha256 verified" in out.stdout
+    assert f"{COMMIT}: 102 files, 83,913,553 bytes, every sha256 verified" in out.stdout
     assert str(snap) in out.stdout
     # offline, from the cache
     off = subprocess.run([sys.executable, "-m", "benchmark.cli", "download", "tiny",
@@ -462,7 +462,7 @@ def test_dataset_card_is_valid_hub_metadata(hub_repo):
     names = [c["config_name"] for c in meta["configs"]]
     assert names == ["rollouts", "draws", "behavior_curve"] and meta["configs"][0]["default"]
     for section in ("## Protocol", "## Files", "## License", "## Citation", "Apache-2.0",
-                    "f6b23c743671fe61fbbc71216ce5ff5f3e057b3a4712d521cb5a1f8e9e85c578"):
+                    "ec630b48f9bc197fc6eacac74d45017818d5d11db81fbf19f52478a2cd341169"):
         assert section in card.text
     # the configs resolve the way the Hub viewer resolves them (datasets reads the YAML header)
     ds = datasets.load_dataset(str(hub_repo), "rollouts", split="seed1")
