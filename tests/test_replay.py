@@ -105,3 +105,13 @@ def test_bad_replay_arguments_are_clear_errors(tiny0):
         replay(TINY0, stop_at=1, mode="fast", context=tiny0)
     with pytest.raises(BuildError, match="config.json"):
         ReplaySeed(TINY0.parent)
+
+
+def test_lean_forward_is_bit_identical_to_the_model(tiny0):
+    from benchmark.build.pipeline import load_checkpoint
+    from benchmark.build.replay import LeanForward
+
+    model = load_checkpoint(TINY0 / "checkpoints" / "step0060")
+    model.eval()
+    lean = LeanForward(model)
+    assert lean.ok and lean.check(n_inputs=32)
