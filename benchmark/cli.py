@@ -64,10 +64,13 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                    help="where to write results.json (default: ./results.json)")
     p.add_argument("--seeds", type=int, nargs="+", help="score only these seeds (default: all)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--no-causal", action="store_true",
+                   help="skip checklist item 10 (replays training; about 40 s on tiny)")
     _add_isolation_flags(p)
     p.set_defaults(func=lambda a: _evaluate().evaluate_command(
         a.estimator, a.release, a.out, a.seeds, progress=not a.no_progress,
-        no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit))
+        no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit,
+        causal=not a.no_causal))
     c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
     c.add_argument("estimator", help="path of a .py file with one estimator class")
     c.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")

@@ -62,6 +62,8 @@ class EvalSettings:
         level: interval coverage.
         boot_seed: base seed of every bootstrap (combined with seed and task names).
         seeds: seeds to score (None = every seed of the release; checklist item 5 needs all).
+        causal: replay training without each method's top rollouts (checklist item 10; only on
+            releases that ship reference effects, i.e. ``tiny``; about 40 s for three seeds).
     """
 
     n_boot_precision: int = 1000
@@ -69,6 +71,7 @@ class EvalSettings:
     level: float = 0.95
     boot_seed: int = 0
     seeds: tuple[int, ...] | None = None
+    causal: bool = True
 
 
 def _sub_seed(*parts: object) -> int:
@@ -414,6 +417,7 @@ def evaluate(
     methods = [Method(est_name, None, tuple(meta["tasks"]), False), *load_controls()]
 
     per_seed: dict[str, dict] = {}
+    causal_in: dict[int, dict[str, np.ndarray]] = {}
     pooled: dict[int, dict[str, tuple[float, np.ndarray]]] = {}
     verdicts: dict[int, dict[str, C.Verdict]] = {i: {} for i in C.ITEMS}
     widths: dict[str, float] = {}
@@ -428,6 +432,7 @@ def evaluate(
         draws = {m.name: _draw_metrics(scores[m.name], data, settings, seed) for m in methods}
         token = _token_level(data, settings, seed)
         es = scores[est_name]
+        causal_in[seed] = {n: scores[n]["rollout"] for n in (est_name, "norm-only", "step-order")}
         # item 1: magnitude (training, window, group label; draws: residualized vs norm-only)
         has_gt = bool(data.gt["group"][data.window].any())
         comparisons: dict = {"precision": {}, "draws": {}}
@@ -498,6 +503,7 @@ def evaluate(
             "step_level": {"tie_aware": step_win["precision"], "tie_break_range": [lo_p, hi_p]},
             "rollout_level": {"tie_aware": win["precision"], "tie_break_range": [lo_r, hi_r]},
         })
+    causal = _causal(rel, seeds, causal_in, est_name, settings)
     bar.close()
 
     # aggregate items
@@ -517,7 +523,7 @@ def evaluate(
     agg[7] = v7.verdict
     agg[8] = C.REPORTED
     agg[9] = C.REPORTED
-    agg[10] = C.NOT_RUN
+    agg[10] = causal["verdict"]
     for i, (key, title) in C.ITEMS.items():
         entry = {"item": i, "key": key, "title": title, "verdict": agg[i],
                  "gated": i in C.GATED}
@@ -531,7 +537,10 @@ def evaluate(
         elif i == 7:
             entry["numbers"] = v7.numbers
         elif i == 10:
-            entry["reason"] = "causal replay scoring is not part of this bt-bench version"
+            entry["reason"] = causal.get("reason", "")
+            entry["per"] = {str(s): {"verdict": v["verdict"], "numbers": {
+                k: v[k] for k in ("k", "bonus_off_effect", "random_floor", "methods")
+                if k in v}} for s, v in causal.get("per_seed", {}).items()}
         items[i] = entry
 
     summary = _summary(pooled, est_name, [m.name for m in methods if m.is_control], per_seed,
@@ -552,6 +561,7 @@ def evaluate(
         "packages": _package_versions(),
         "seeds": per_seed,
         "summary": summary,
+        "causal": causal,
         "checklist": [items[i] for i in sorted(items)],
         "verdict": C.overall(agg),
     }
@@ -582,6 +592,20 @@ def _summary(pooled: dict, est_name: str, controls: list[str], per_seed: dict,
                 if m["residualized"]["point"] == m["residualized"]["point"]:
                     aucs.setdefault(name, []).append(m["residualized"]["point"])
     out["draw_auc_residualized_mean"] = {n: float(np.mean(v)) for n, v in aucs.items()}
+    return out
+
+
+def _causal(rel: object, seeds: list[int], scores: dict, est_name: str,
+            settings: EvalSettings) -> dict:
+    """Checklist item 10 by replay (:mod:`benchmark.causal`), or why it did not run."""
+    if not settings.causal:
+        return {"verdict": C.NOT_RUN, "reason": "skipped (--no-causal)", "per_seed": {}}
+    from benchmark.causal import causal_scores
+
+    out = causal_scores(rel, seeds, scores, estimator=est_name)
+    out.pop("seconds", None)  # wall time varies; results must be byte-identical
+    for v in out.get("per_seed", {}).values():
+        v.pop("seconds", None)
     return out
 
 
@@ -686,9 +710,10 @@ def _limits(no_isolation: bool, time_limit: float | None, memory_gib: float | No
 
 def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: list[int] | None,
                      progress: bool = True, no_isolation: bool = False,
-                     time_limit: float | None = None, memory_gib: float | None = None) -> int:
+                     time_limit: float | None = None, memory_gib: float | None = None,
+                     causal: bool = True) -> int:
     """``bt-bench evaluate``: evaluate, print the summary, write results; exit 0."""
-    settings = EvalSettings(seeds=tuple(seeds) if seeds else None)
+    settings = EvalSettings(seeds=tuple(seeds) if seeds else None, causal=causal)
     results = evaluate(estimator_file, release, settings, progress=progress,
                        isolation=_limits(no_isolation, time_limit, memory_gib))
     print(format_summary(results))

@@ -64,8 +64,14 @@ URL_RE = re.compile(r"^https?://[^\s]+$")
 #: last-bit difference can flip the 10th digit. 1e-6 is far below any difference a metric reports
 #: (precision steps are 1/|GT|, AUC steps 1/pairs) and far above rounding noise.
 FLOAT_TOLERANCE = 1e-6
+#: tolerance for the causal replay numbers (item 10): replays are bit-deterministic on one
+#: machine, but 60 optimizer steps amplify CPU rounding differences across machines
+CAUSAL_TOLERANCE = 0.02
 #: top-level results keys that ``verify`` reports but does not fail on (machine-specific)
 IGNORED_KEYS = ("packages",)
+#: leaf keys reported but not failed on anywhere: whether this machine's empty replay matched
+#: the build machine's bit for bit (machine-specific by definition)
+IGNORED_LEAVES = ("baseline_bit_identical_to_reference",)
 #: drift lines shown per submission before the report is cut short
 MAX_DRIFT_LINES = 40
 
@@ -425,12 +431,18 @@ def compare_results(committed: object, recomputed: object, tol: float = FLOAT_TO
     if (isinstance(committed, float) or isinstance(recomputed, float)) and \
             isinstance(committed, numbers) and isinstance(recomputed, numbers) and \
             not isinstance(committed, bool) and not isinstance(recomputed, bool):
+        if _is_causal(_path):
+            tol = max(tol, CAUSAL_TOLERANCE)
         if not math.isclose(committed, recomputed, rel_tol=0.0, abs_tol=tol):
             out.append(Drift(_path, committed, recomputed))
         return out
     if type(committed) is not type(recomputed) or committed != recomputed:
         out.append(Drift(_path, committed, recomputed))
     return out
+
+
+def _is_causal(path: str) -> bool:
+    return path.startswith("causal.") or path.startswith("checklist.causal.")
 
 
 def _item_label(a: object, b: object, i: int) -> str:
@@ -525,8 +537,9 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         write_results(fresh, Path(tmp) / RESULTS_FILE)
         recomputed = read_json(Path(tmp) / RESULTS_FILE)
     for d in sorted(compare_results(committed, recomputed), key=_report_order):
-        top = d.path.split(".", 1)[0]
-        (report.ignored if top in IGNORED_KEYS else report.drifts).append(d)
+        top, leaf = d.path.split(".", 1)[0], d.path.rsplit(".", 1)[-1]
+        ignored = top in IGNORED_KEYS or leaf in IGNORED_LEAVES
+        (report.ignored if ignored else report.drifts).append(d)
     return report
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from benchmark.evaluate import EvalSettings, evaluate
 
-SETTINGS = EvalSettings(n_boot_precision=300, n_boot_auc=300, seeds=(0,))
+SETTINGS = EvalSettings(n_boot_precision=300, n_boot_auc=300, seeds=(0,), causal=False)
 
 
 def item(results, key):
@@ -27,7 +27,8 @@ def gas_tiny():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    return evaluate(root / "estimators" / "gas.py", "tiny", SETTINGS, progress=False)
+    with_causal = EvalSettings(n_boot_precision=300, n_boot_auc=300, seeds=(0,))
+    return evaluate(root / "estimators" / "gas.py", "tiny", with_causal, progress=False)
 
 
 def test_norm_only_copy_fails_magnitude(tmp_path):
@@ -73,3 +74,28 @@ def test_gas_on_tiny_has_every_task(gas_tiny):
     assert step["chance"] <= step["ceiling"] <= 1.0
     assert len(s0["draws"]["GAS"]) >= 4  # >= 2 draws at each of two checkpoints
     assert all(e["n"] > 0 for e in s0["token_level"].values())
+
+
+def test_causal_item_is_scored_by_replay(gas_tiny):
+    causal = item(gas_tiny, "causal")
+    seed0 = causal["per"]["0"]
+    assert causal["verdict"] in ("pass", "fail") and seed0["verdict"] == causal["verdict"]
+    methods = seed0["numbers"]["methods"]
+    assert set(methods) == {"GAS", "norm-only", "step-order"}
+    k = seed0["numbers"]["k"]
+    assert all(m["removed"] == k for m in methods.values())
+    floor = seed0["numbers"]["random_floor"]["max_abs_fraction"]
+    gas = methods["GAS"]["fraction"]
+    beats = gas > floor and all(gas > methods[c]["fraction"] for c in ("norm-only", "step-order"))
+    assert (seed0["verdict"] == "pass") == beats
+    assert "seconds" not in gas_tiny["causal"]  # results stay byte-identical
+
+
+def test_no_causal_flag_skips_item_10(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = evaluate(root / "estimators" / "controls" / "random.py", "tiny", SETTINGS,
+                   progress=False)
+    assert item(res, "causal")["verdict"] == "not_run"
+    assert "skipped" in res["causal"]["reason"]

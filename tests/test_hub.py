@@ -399,7 +399,7 @@ def test_cli_download_then_evaluate_matches_the_shipped_copy(registry, tmp_path)
                          env={**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"},
                          timeout=300)
     assert off.returncode == 0 and str(snap) in off.stdout, off.stderr
-    settings = EvalSettings(n_boot_precision=200, n_boot_auc=200, seeds=(0,))
+    settings = EvalSettings(n_boot_precision=200, n_boot_auc=200, seeds=(0,), causal=False)
     est = ROOT / "estimators" / "examples" / "my_estimator.py"
     shipped = evaluate(est, TINY, settings, progress=False)
     downloaded = evaluate(est, snap, settings, progress=False)
@@ -443,7 +443,8 @@ def test_sandboxed_estimator_reads_checkpoints_of_a_cache_copy(registry, tmp_pat
     snap = hub.download_release("tiny", cache_dir=tmp_path / "cache").path
     est = tmp_path / "checkpoint_reader.py"
     est.write_text(CKPT_ESTIMATOR)
-    res = evaluate(est, snap, EvalSettings(n_boot_precision=50, n_boot_auc=50, seeds=(0,)),
+    res = evaluate(est, snap, EvalSettings(n_boot_precision=50, n_boot_auc=50, seeds=(0,),
+                                                causal=False),
                    progress=False)
     assert res["release"]["id"] == "tiny"
 
