@@ -53,8 +53,10 @@ REFERENCE_COLUMNS = ("seed", "table", "method", "value", "lo", "hi", "chance", "
 FIGURE_DPI = 100
 #: the text files ``--check`` compares byte for byte
 TEXT_FILES = ("README.md", "leaderboard.json", "index.html")
-GATED_KEYS = ("magnitude", "fluency", "headroom", "timing", "seeds", "draws",
-              "precision_of_estimate")
+#: checklist items shown as columns: (number, key); 8 and 9 are diagnostics (results.json only)
+GATED_ITEMS = ((1, "magnitude"), (2, "fluency"), (3, "headroom"), (4, "timing"), (5, "seeds"),
+               (6, "draws"), (7, "precision_of_estimate"), (10, "causal"))
+GATED_KEYS = tuple(k for _, k in GATED_ITEMS)
 SHORT_VERDICT = {"pass": "pass", "fail": "FAIL", "inconclusive": "inc.", "reported": "rep.",
                  "not_run": "-"}
 REGENERATE = "bt-bench leaderboard"
@@ -417,7 +419,7 @@ TABLE_COLUMNS = [
      True, "desc"),
     ("draw_auc", "draw AUC (resid.)", "draw AUC (resid.)", True, "desc"),
     *[(f"item{i}", f"{i} {k.replace('_', ' ')}", f"{i}", False, "asc")
-      for i, k in enumerate(GATED_KEYS, start=1)],
+      for i, k in GATED_ITEMS],
     ("verdict", "verdict", "verdict", False, "asc"),
 ]
 
@@ -440,7 +442,7 @@ def _cells(r: dict) -> dict[str, tuple[str, Any]]:
         "verdict": ((r["verdict"] or "-").upper() if r["verdict"] == "pass" else
                     (r["verdict"] or "-"), r["verdict"]),
     }
-    for i, k in enumerate(GATED_KEYS, start=1):
+    for i, k in GATED_ITEMS:
         v = r["checklist"].get(k)
         out[f"item{i}"] = (SHORT_VERDICT.get(v, "-") if v else "-", v)
     return out
@@ -471,10 +473,11 @@ LEGEND = (
     "precision / mean chance; **step P** = the same at step granularity (one score per GRPO "
     "step); **margin** = precision minus the strongest control's, paired 95% interval; **draw "
     "AUC** = mean fluency-residualized within-group AUC over seeds and generation draws. Items "
-    "1-7 are the gated checklist items (1 magnitude, 2 fluency, 3 headroom, 4 timing, 5 seeds, "
-    "6 draws, 7 precision of the estimate): pass / FAIL / inc. (inconclusive) / - (not "
-    "measured). Items 8-9 are reported in each results.json; item 10 (causal) is not run in this "
-    "version. Rows whose precision intervals overlap the previous row share its rank (`=`: tied, "
+    "1-7 and 10 are the gated checklist items (1 magnitude, 2 fluency, 3 headroom, 4 timing, "
+    "5 seeds, 6 draws, 7 precision of the estimate, 10 causal: removing the top rollouts and "
+    "replaying moves the behavior more than random removals, norm-only and step-order): pass / "
+    "FAIL / inc. (inconclusive) / - (not measured). Items 8-9 (ties, token level) are reported in "
+    "each results.json. Rows whose precision intervals overlap the previous row share its rank (`=`: tied, "
     "not ranked apart). Controls (kind `control`, names in italics) are the target-free "
     "baselines."
 )

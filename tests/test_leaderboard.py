@@ -22,7 +22,9 @@ from benchmark.submissions import submit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROLS = ["random", "norm-only", "fluency", "advantage-only", "step-order"]
-GATED = ["magnitude", "fluency", "headroom", "timing", "seeds", "draws", "precision_of_estimate"]
+GATED_ITEMS = [(1, "magnitude"), (2, "fluency"), (3, "headroom"), (4, "timing"), (5, "seeds"),
+               (6, "draws"), (7, "precision_of_estimate"), (10, "causal")]
+GATED = [k for _, k in GATED_ITEMS]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -66,7 +68,7 @@ def fake_results(est: str, point: float, lo: float, hi: float, *, draws: bool = 
             "draw_auc_residualized_mean": {est: point} if draws else {},
         },
         "checklist": [{"item": i, "key": k, "verdict": verdict, "gated": True}
-                      for i, k in enumerate(GATED, start=1)],
+                      for i, k in GATED_ITEMS],
         "verdict": verdict,
     }
 
