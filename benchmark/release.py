@@ -269,8 +269,20 @@ def _load_seed_view(d: Path, seed: int) -> SeedView:
 
     config = json.loads((d / "config.json").read_text())
     meta = json.loads((d / "sketch.json").read_text())
-    rollouts = datasets.load_dataset("parquet", data_files=str(d / "rollouts.parquet"),
-                                     split="train")
+    from datasets.utils.logging import (
+        disable_progress_bar,
+        enable_progress_bar,
+        is_progress_bar_enabled,
+    )
+
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()  # one bar per seed load is noise in every evaluation
+    try:
+        rollouts = datasets.load_dataset("parquet", data_files=str(d / "rollouts.parquet"),
+                                         split="train")
+    finally:
+        if shown:
+            enable_progress_bar()
     if any(c in rollouts.column_names for c in ("bonus", "group_label", "eligible")):
         raise ReleaseError(f"{d / 'rollouts.parquet'} carries label columns; rebuild the release")
     with np.load(d / "targets.npz") as z:
