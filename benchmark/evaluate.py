@@ -231,10 +231,16 @@ def _precision_block(scores: np.ndarray, gt: np.ndarray, blocks: np.ndarray, gra
             "n": int(gt.size)}
 
 
-def _training_metrics(sc: dict, data: SeedData, settings: EvalSettings, seed: int,
-                      name: str) -> dict:
+def _training_metrics(sc: dict, data: SeedData, settings: EvalSettings,
+                      seed: int) -> tuple[dict, tuple[float, np.ndarray] | None]:
+    """Precision blocks, window intervals and within-step AUC of one method on one seed.
+
+    Returns the metrics and, for the checklist's paired comparisons, the window precision (group
+    label, rollout granularity) with its cluster-bootstrap resamples (None without ground truth).
+    """
     steps = data.rollout_view.steps
     out: dict = {}
+    paired = None
     for gran in ("rollout", "step"):
         out[gran] = {}
         for kind in GT_KINDS:
@@ -246,17 +252,21 @@ def _training_metrics(sc: dict, data: SeedData, settings: EvalSettings, seed: in
                 block[pop] = _precision_block(sc[gran][mask], gt[mask], steps[mask],
                                               granular_ceiling=gran == "step")
             if "window" in block:
-                iv = M.precision_bootstrap(
+                samples = M.precision_resamples(
                     sc[gran][data.window], gt[data.window], steps[data.window],
-                    n_boot=settings.n_boot_precision, level=settings.level,
+                    n_boot=settings.n_boot_precision,
                     seed=_sub_seed(settings.boot_seed, seed, "precision", kind))
+                point = block["window"]["precision"]
+                iv = M.percentile_interval(point, samples, level=settings.level)
                 block["window"]["interval"] = [iv.lo, iv.hi]
+                if (gran, kind) == ("rollout", "group"):
+                    paired = (point, samples)
             out[gran][kind] = block
     # within-step AUC of the rollout label (bonus vs not, same step = same model state)
     auc, pairs = M.within_group_auc(sc["rollout"][data.window], data.gt["rollout"][data.window],
                                     steps[data.window])
     out["within_step_auc"] = {"auc": auc, "pairs": pairs}
-    return out
+    return out, paired
 
 
 def _draw_metrics(sc: dict, data: SeedData, settings: EvalSettings, seed: int) -> dict:
@@ -273,17 +283,6 @@ def _draw_metrics(sc: dict, data: SeedData, settings: EvalSettings, seed: int) -
                               level=settings.level, seed=bs)
         out[d.draw_id] = {"raw": raw.to_dict(), "residualized": res.to_dict()}
     return out
-
-
-def _window_resamples(sc: np.ndarray, data: SeedData, settings: EvalSettings,
-                      seed: int) -> tuple[float, np.ndarray]:
-    """Point precision (window, group label) and its paired cluster-bootstrap resamples."""
-    w = data.window
-    gt = data.gt["group"][w]
-    samples = M.precision_resamples(
-        sc[w], gt, data.rollout_view.steps[w], n_boot=settings.n_boot_precision,
-        seed=_sub_seed(settings.boot_seed, seed, "precision", "group"))
-    return M.precision_at_k(sc[w], gt), samples
 
 
 def _diff(a: tuple[float, np.ndarray], b: tuple[float, np.ndarray],
@@ -326,14 +325,11 @@ def _token_level(data: SeedData, settings: EvalSettings, seed: int) -> dict:
 
 
 def _release_info(release: object) -> dict:
-    import hashlib
-
-    manifest_path = Path(release.path) / "manifest.json"
     return {
         "id": release.release_id,
         "version": release.manifest.get("release_version"),
         "schema_version": release.manifest.get("schema_version"),
-        "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest(),
+        "manifest_sha256": release.manifest_sha256,
         "hub_revision": getattr(release, "hub_revision", None),
     }
 
@@ -427,8 +423,9 @@ def evaluate(
                   for m in methods if m.is_control}
         if est_name not in scores:
             scores[est_name] = _expand(est_raw[seed], data)
-        training = {m.name: _training_metrics(scores[m.name], data, settings, seed, m.name)
-                    for m in methods}
+        metrics_by = {m.name: _training_metrics(scores[m.name], data, settings, seed)
+                      for m in methods}
+        training = {name: t for name, (t, _) in metrics_by.items()}
         draws = {m.name: _draw_metrics(scores[m.name], data, settings, seed) for m in methods}
         token = _token_level(data, settings, seed)
         es = scores[est_name]
@@ -437,8 +434,7 @@ def evaluate(
         has_gt = bool(data.gt["group"][data.window].any())
         comparisons: dict = {"precision": {}, "draws": {}}
         if has_gt:
-            res_by = {m.name: _window_resamples(scores[m.name]["rollout"], data, settings, seed)
-                      for m in methods}
+            res_by = {name: paired for name, (_, paired) in metrics_by.items()}
             pooled[seed] = res_by
             comparisons["precision"] = {c.name: _diff(res_by[est_name], res_by[c.name], settings)
                                         for c in methods if c.is_control}

@@ -17,7 +17,6 @@ Rules (checked by ``bt-bench check-estimator FILE`` and by the evaluator before 
 
 from __future__ import annotations
 
-import inspect
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -57,12 +56,9 @@ class BaseEstimator:
 
     def get_params(self) -> dict[str, object]:
         """The constructor's keyword arguments and their current values (the config to record)."""
-        sig = inspect.signature(type(self).__init__)
-        names = [
-            p.name for p in sig.parameters.values()
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-        return {n: getattr(self, n) for n in names}
+        from benchmark.contract import get_params  # one implementation (contract rule 2)
+
+        return get_params(self)
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
         """Score every unit of ``view``; subclasses must override this."""
