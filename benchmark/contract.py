@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +16,28 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.errors import BenchmarkError
+from benchmark.untrusted import clean_text, quote
 from benchmark.view import DrawView, RunView
 from estimators.base import TASKS, TRACKS
 
+#: longest estimator ``name`` (printable characters only)
+MAX_NAME = 64
+#: most hyperparameters, and longest string hyperparameter, recorded as the config
+MAX_CONFIG_KEYS, MAX_CONFIG_STR = 64, 256
+
 
 class EstimatorContractError(BenchmarkError):
-    """An estimator file or class breaks the estimator contract."""
+    """An estimator file or class breaks the estimator contract.
+
+    Attributes:
+        headline: the message without the estimator's traceback.
+        estimator_tb: the estimator's own traceback ("" when the error is not the estimator's
+            exception), raw: show it with :func:`benchmark.untrusted.quote`.
+    """
+
+    def __init__(self, message: str, estimator_tb: str = "") -> None:
+        self.headline, self.estimator_tb = message, estimator_tb
+        super().__init__(message + quote(estimator_tb, "the estimator's traceback"))
 
 
 @dataclass
@@ -54,15 +69,8 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def load_estimator_file(path: str | Path) -> LoadedEstimator:
-    """Import ``path`` as a module and return its single estimator class.
-
-    An estimator class is a class defined in that file with a callable ``score_rollouts``.
-
-    Raises:
-        EstimatorContractError: missing file, not a ``.py`` file, syntax or import error, or not
-            exactly one estimator class (the message lists what was found and the fix).
-    """
+def check_estimator_path(path: str | Path) -> Path:
+    """Raise unless ``path`` is an existing regular ``.py`` file; return it as a Path."""
     p = Path(path)
     if not p.is_file():
         raise EstimatorContractError(
@@ -73,6 +81,44 @@ def load_estimator_file(path: str | Path) -> LoadedEstimator:
         raise EstimatorContractError(
             f"{p}: expected a Python file ending in .py, got {p.suffix or 'no suffix'!r}."
         )
+    return p
+
+
+def estimator_traceback(exc: BaseException, path: str | Path | None) -> str:
+    """The estimator's own part of ``exc``'s traceback: its frames (file, line, code) and the error.
+
+    Frames before the first one in ``path`` (the harness calling the estimator) are left out;
+    without such a frame the whole traceback is kept. The text is the estimator's: show it with
+    :func:`benchmark.untrusted.quote`.
+    """
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if path is not None:
+        target = str(Path(path))
+        first = next((i for i, f in enumerate(frames) if f.filename == target), None)
+        if first is not None:
+            frames = frames[first:]
+    lines = traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def _class_file(cls: type) -> str | None:
+    mod = sys.modules.get(getattr(cls, "__module__", ""), None)
+    return getattr(mod, "__file__", None)
+
+
+def load_estimator_file(path: str | Path) -> LoadedEstimator:
+    """Import ``path`` as a module and return its single estimator class.
+
+    An estimator class is a class defined in that file with a callable ``score_rollouts``.
+
+    Raises:
+        EstimatorContractError: missing file, not a ``.py`` file, syntax or import error, or not
+            exactly one estimator class (the message lists what was found and the fix).
+    """
+    p = check_estimator_path(path)
     digest = file_sha256(p)
     mod_name = f"bt_bench_estimator_{digest[:16]}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
@@ -90,8 +136,10 @@ def load_estimator_file(path: str | Path) -> LoadedEstimator:
     except Exception as exc:
         sys.modules.pop(mod_name, None)
         raise EstimatorContractError(
-            f"{p}: importing the file raised {type(exc).__name__}: {exc}; an estimator file may "
-            "import only installed packages (numpy, torch, ...) and must not run work at import."
+            f"{p}: importing the file raised {type(exc).__name__}: "
+            f"{clean_text(exc, 500, multiline=False)}; an estimator file may import only "
+            "installed packages (numpy, torch, ...) and must not run work at import.",
+            estimator_traceback(exc, p),
         ) from exc
     classes = [
         obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -114,7 +162,13 @@ def check_capabilities(cls: type, path: Path | str = "") -> None:
     if not isinstance(name, str) or not name.strip():
         raise EstimatorContractError(
             f"{where}{cls.__name__}.name must be a non-empty string class attribute, got "
-            f"{name!r}; e.g. name = \"my-estimator\"."
+            f"{clean_text(repr(name), 80, multiline=False)}; e.g. name = \"my-estimator\"."
+        )
+    if len(name) > MAX_NAME or not name.isprintable() or name != name.strip():
+        raise EstimatorContractError(
+            f"{where}{cls.__name__}.name must be at most {MAX_NAME} printable characters "
+            "without control or escape characters or surrounding spaces, got "
+            f"{clean_text(ascii(name), 80, multiline=False)}; e.g. name = \"my-estimator\"."
         )
     track = getattr(cls, "track", None)
     if track not in TRACKS:
@@ -151,14 +205,46 @@ def get_params(est: object) -> dict[str, object]:
                 f"self.{p.name}; __init__ must store every hyperparameter under its own name."
             )
         params[p.name] = getattr(est, p.name)
-    try:
-        json.dumps(params, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    problem = config_problem(params)
+    if problem:
         raise EstimatorContractError(
-            f"{type(est).__name__} hyperparameters {params!r} are not plain JSON values ({exc}); "
-            "use numbers, strings, booleans, lists or dicts so the config can be recorded."
-        ) from exc
+            f"{type(est).__name__} hyperparameters are not plain JSON scalars: {problem}; use "
+            f"numbers, booleans, None or strings of at most {MAX_CONFIG_STR} printable "
+            "characters, so the config can be recorded."
+        )
     return params
+
+
+def config_problem(config: object) -> str:
+    """What makes ``config`` unfit for ``results.json`` ("" when it is fine).
+
+    A config is a dict of at most :data:`MAX_CONFIG_KEYS` hyperparameters named by Python
+    identifiers, each a JSON scalar: None, a boolean, an integer below 2**63 in size, a finite
+    float, or a string of at most :data:`MAX_CONFIG_STR` printable characters.
+    """
+    if not isinstance(config, dict):
+        return f"the config is a {type(config).__name__}, not a dict"
+    if len(config) > MAX_CONFIG_KEYS:
+        return f"{len(config)} hyperparameters (at most {MAX_CONFIG_KEYS})"
+    for k, v in config.items():
+        if not isinstance(k, str) or not k.isidentifier() or len(k) > 64:
+            return f"hyperparameter name {clean_text(ascii(k), 80, multiline=False)}"
+        what = clean_text(k, 64, multiline=False)
+        if v is None or isinstance(v, bool):
+            continue
+        if isinstance(v, int):
+            if abs(v) >= 2**63:
+                return f"{what} is an integer of {v.bit_length()} bits"
+        elif isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                return f"{what} is {v}"
+        elif isinstance(v, str):
+            if len(v) > MAX_CONFIG_STR or not v.isprintable():
+                return (f"{what} is a string of {len(v)} characters"
+                        + ("" if v.isprintable() else " with control or escape characters"))
+        else:
+            return f"{what} is a {type(v).__name__}"
+    return ""
 
 
 def validate_scores(scores: object, n: int, who: str, what: str) -> np.ndarray:
@@ -221,30 +307,26 @@ class ContractReport:
 
 
 def _call(est: object, method: str, *args: object) -> object:
+    """Call ``est.method(*args)``; wrap its exception with the estimator's own traceback."""
+    who = f"{type(est).__name__}.{method}"
     try:
         return getattr(est, method)(*args)
-    except ValueError as exc:
-        if "read-only" in str(exc) or "not writeable" in str(exc):
-            raise EstimatorContractError(
-                f"{type(est).__name__}.{method} tried to modify its input in place ({exc}); "
-                "views are read-only: copy an array (np.array(x)) before changing it."
-            ) from exc
-        raise EstimatorContractError(
-            f"{type(est).__name__}.{method} raised ValueError: {exc}"
-        ) from exc
     except EstimatorContractError:
         raise
-    except PermissionError as exc:
-        raise EstimatorContractError(
-            f"{type(est).__name__}.{method} was denied access ({exc}); an estimator may read "
-            "only its view (no labels, no release folder), write nowhere and use no network."
-        ) from exc
     except MemoryError:
         raise
     except Exception as exc:
-        raise EstimatorContractError(
-            f"{type(est).__name__}.{method} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        msg = clean_text(exc, 1000, multiline=False)
+        tb = estimator_traceback(exc, _class_file(type(est)))
+        if isinstance(exc, ValueError) and ("read-only" in msg or "not writeable" in msg):
+            text = (f"{who} tried to modify its input in place ({msg}); views are read-only: "
+                    "copy an array (np.array(x)) before changing it.")
+        elif isinstance(exc, PermissionError):
+            text = (f"{who} was denied access ({msg}); an estimator may read only its view (no "
+                    "labels, no release folder), write only to /tmp and use no network.")
+        else:
+            text = f"{who} raised {type(exc).__name__}: {msg}"
+        raise EstimatorContractError(text, tb) from exc
 
 
 def check_estimator(

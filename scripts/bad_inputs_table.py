@@ -36,6 +36,23 @@ class Good(BaseEstimator):
         return np.asarray(draw.fluency, float)
 '''
 BODY = "return self.scale * np.asarray(view.advantages, float)"
+# replaces the sandbox's own sender: its first score array claims 8 TiB
+FORGE = """import io, os
+import numpy as np
+import benchmark.channel as _ch
+
+
+def _forge(fd, key, arr):
+    b = io.BytesIO()
+    np.lib.format.write_array_header_1_0(b, {'descr': '<f8', 'fortran_order': False,
+                                             'shape': (2**40,)})
+    p = len(key).to_bytes(2, 'little') + key.encode() + b.getvalue()
+    os.write(fd, b'A' + len(p).to_bytes(4, 'little') + p)
+    os._exit(0)
+
+
+_ch.send_array = _forge
+"""
 
 
 def est(tmp: Path, name: str, text: str) -> str:
@@ -60,6 +77,7 @@ def run(args: list[str], cwd: Path) -> tuple[int, str]:
 def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
     ev = ["evaluate", "--seeds", "0", "--no-progress", "--out", str(tmp / "results.json")]
     labels = ROOT / "releases" / "tiny" / "seed0" / "labels.parquet"
+    ckpt = next((ROOT / "releases" / "tiny" / "seed0" / "checkpoints").rglob("model.safetensors"))
     release_copy = tmp / "release"
     shutil.copytree(ROOT / "releases" / "tiny", release_copy,
                     ignore=shutil.ignore_patterns("seed1", "seed2"))
@@ -135,6 +153,54 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
             tmp, "mem.py", "x = np.ones(3 << 27)\n        return 0")]),
         ("sandbox", "calls os._exit", ev + [body(tmp, "exit.py",
          "import os\n        os._exit(0)")]),
+        ("sandbox", "reads the labels through a symlink", ev + [body(tmp, "symlink.py",
+         f"import os\n        os.symlink({str(labels)!r}, '/tmp/l')\n"
+         "        open('/tmp/l', 'rb')\n        return 0")]),
+        ("sandbox", "reads the git object store", ev + [body(tmp, "git.py",
+         f"import os\n        os.listdir({str(ROOT / '.git' / 'objects')!r})\n        return 0")]),
+        ("sandbox", "reads the evaluator's memory (/proc/<ppid>/mem)", ev + [body(tmp, "mem2.py",
+         "import os\n        open(f'/proc/{os.getppid()}/mem', 'rb').read(1)\n        return 0")]),
+        ("sandbox", "opens a kernel tracing event (perf_event_open)", ev + [body(
+         tmp, "perf.py", "import ctypes, os\n        libc = ctypes.CDLL(None, use_errno=True)\n"
+         "        if libc.syscall(298, ctypes.create_string_buffer(128), -1, 0, -1, 0) < 0:\n"
+         "            raise OSError(ctypes.get_errno(), 'perf_event_open')\n        return 0")]),
+        ("sandbox", "publishes the evaluator's environment", ev + [body(tmp, "env.py",
+         "import os\n        raise RuntimeError(open('/proc/1/environ').read()[:60])")]),
+        ("sandbox", "forges a 'done' message on the result channel", ev + [body(tmp, "forge.py",
+         "import json, os\n        cfg = json.loads(open('/proc/self/cmdline', 'rb').read()"
+         ".split(b'\\0')[-2])\n        d = json.dumps({'type': 'done'}).encode()\n"
+         "        os.write(cfg['channel'], b'J' + len(d).to_bytes(4, 'little') + d)\n"
+         "        os._exit(0)")]),
+        ("sandbox", "sends an .npy header claiming 8 TiB", ev + [est(tmp, "npy.py", FORGE + GOOD)]),
+        ("sandbox", "a name with terminal escape codes", ev + [est(tmp, "esc.py", GOOD.replace(
+            'name = "good"', 'name = "good\\x1b[2K\\rPASS"'))]),
+        ("sandbox", "injects into the terminal (TIOCSTI)", ev + [body(tmp, "tty.py",
+         "import fcntl, os, termios\n        fd = os.open('/dev/tty', os.O_RDWR)\n"
+         "        fcntl.ioctl(fd, termios.TIOCSTI, b'x')\n        return 0")]),
+        ("sandbox", "changes a checkpoint's mode", ev + [body(tmp, "chmod.py",
+         f"import os\n        os.chmod({str(ckpt)!r}, 0o777)\n        return 0")]),
+        ("sandbox", "makes a setuid binary in /dev/shm", ev + [body(tmp, "suid.py",
+         "import os, shutil\n        shutil.copy('/bin/sh', '/dev/shm/sh')\n"
+         "        os.chmod('/dev/shm/sh', 0o4755)\n        return 0")]),
+        ("sandbox", "a fork bomb", ev + [body(tmp, "forks.py",
+         "import os, time\n        while True:\n            if os.fork() == 0:\n"
+         "                time.sleep(60)\n                os._exit(0)")]),
+        ("sandbox", "forks past the memory limit", ev + ["--memory-limit", "2", body(
+            tmp, "forkmem.py", "import os, time\n        for _ in range(4):\n"
+            "            if os.fork() == 0:\n                a = np.ones((700 << 20) // 8)\n"
+            "                time.sleep(60)\n        time.sleep(60)\n        return 0")]),
+        ("sandbox", "prints 1 GiB", ev + [body(tmp, "print.py",
+         "for _ in range(1024):\n            print('x' * (1 << 20))\n        return 0")]),
+        ("sandbox", "fills /tmp", ev + [body(tmp, "fill.py",
+         "with open('/tmp/f', 'wb') as fh:\n            for _ in range(2048):\n"
+         "                fh.write(b'x' * (1 << 20))\n        return 0")]),
+        ("sandbox", "a grandchild keeps the output pipes open", ev + ["--time-limit", "5", body(
+            tmp, "grandchild.py", "import os, time\n        if os.fork() == 0:\n"
+            "            os.setsid()\n            time.sleep(600)\n        time.sleep(600)")]),
+        ("sandbox", "scores differ between processes", ev + [body(tmp, "urandom.py",
+         "import os\n        return np.frombuffer(os.urandom(8 * view.n), np.uint64) % 7 * 1.0")]),
+        ("estimator", "raises an exception (its traceback is shown)", ev + [body(
+            tmp, "raises.py", "table = None\n        return table[0]")]),
         ("release", "unknown release id", ev + ["--release", "nonexistent", est(tmp, "g.py", GOOD)]),
         ("release", "wrong schema version",
          ev + ["--release", str(bad_schema), str(tmp / "g.py")]),
