@@ -19,18 +19,39 @@ on unsigned 64-bit integers (logical shifts, multiplication modulo 2**64). This 
 paper's harness (SPEC section 2.1); the sketch is ``s[b] = sum_{i: bucket(i)=b} sign(i) * g[i]``,
 accumulated in float32. CountSketch is linear, and ``E[<S x, S y>] = <x, y>`` over the hash.
 
-Implementation: the hash is evaluated once per ``(n_params, dim, seed)`` with numpy uint64
-arithmetic
-and cached. Sketching a batch is one batched ``index_add_`` along the coordinate axis
-(``out[:, bucket] += sign * x``); on 2 CPU cores, for a batch of 32 gradients of the tiny model,
-it ran at 0.6-0.7x the speed of a plain copy of the same array at d=4096 and d=65536, against
-0.15-0.2x for a sparse matrix product and about 0.1x for a sorted segment sum
-(``benchmarks/sketch_throughput.py`` prints the ratios).
+Summation order (what makes every backend below agree bit for bit on the CPU): for each gradient
+row and bucket, the float32 sum runs over the coordinates ``i`` in increasing order, starting from
+0.0 (``sign * g[i]`` is exact, so this is one fixed sequence of float32 additions).
+
+Implementation (``docs/sketch.md``): the hash is evaluated once per ``(n_params, dim, seed)`` and
+cached as one ``int32`` code per coordinate, ``bucket`` when ``sign = +1`` and ``~bucket`` (that
+is ``-bucket - 1``) when ``sign = -1`` (4 bytes a coordinate; ``dim <= 2**31``). Backends:
+
+* ``"numba"`` (CPU, when numba is installed: ``pip install "bt-bench[fast]"``): a compiled loop
+  that reads each gradient row once in place (the flat ``(B, n_params)`` array, or every
+  per-parameter tensor of a ``vmap(grad)`` result) and accumulates 4 or 8 rows at a time into an
+  interleaved ``(dim, rows)`` float32 buffer, so one cache line serves several rows; rows are
+  split over ``threads`` threads (default ``torch.get_num_threads()``). Bit-identical to
+  ``"torch"`` on the CPU.
+* ``"torch"``: batched ``index_add_`` along the coordinate axis (one per parameter for the
+  per-parameter input), on any device. On CUDA it adds with atomics, so the last bits of the sums
+  depend on the order the device happens to use (equal to the CPU result within float32
+  accumulation error, not bit for bit).
+
+``"auto"`` picks ``"numba"`` for CPU tensors when it is available (the environment variable
+``BT_BENCH_SKETCH_BACKEND=torch`` turns it off) and ``"torch"`` otherwise.
+``benchmarks/sketch_throughput.py`` prints the speed of each against a warm copy of the same array.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -39,6 +60,10 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SIGN_OFFSET = np.uint64(6971419160186945601)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+
+BACKENDS = ("auto", "numba", "torch")
+_HASH_CHUNK = 1 << 22
+_DEVICE_CHUNK_ELEMS = 1 << 26  # temporary (rows x columns) float32 values per index_add_ call
 
 
 def splitmix64(z: np.ndarray) -> np.ndarray:
@@ -53,24 +78,30 @@ def splitmix64(z: np.ndarray) -> np.ndarray:
     return z
 
 
-def hash_coordinates(n_params: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(bucket int64[n_params], sign float32[n_params])`` of the CountSketch hash.
-
-    ``dim`` must be a power of two; ``seed`` is a non-negative integer below 2**64.
-    """
+def _check_hash_args(n_params: int, dim: int, seed: int) -> None:
     if dim <= 0 or dim & (dim - 1):
         raise ValueError(f"sketch dim must be a power of two, got {dim}; use e.g. 2048 or 4096")
+    if dim > 2**31:
+        raise ValueError(f"sketch dim must be at most 2**31, got {dim}")
     if n_params <= 0:
         raise ValueError(f"n_params must be positive, got {n_params}")
     if not 0 <= seed < 2**64:
         raise ValueError(f"sketch seed must be in [0, 2**64), got {seed}")
+
+
+def hash_coordinates(n_params: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(bucket int64[n_params], sign float32[n_params])`` of the CountSketch hash.
+
+    ``dim`` must be a power of two; ``seed`` is a non-negative integer below 2**64. This is the
+    reference evaluation of the documented hash (numpy uint64 arithmetic).
+    """
+    _check_hash_args(n_params, dim, seed)
     buckets = np.empty(n_params, dtype=np.int64)
     signs = np.empty(n_params, dtype=np.float32)
-    chunk = 1 << 22
     s = np.uint64(seed)
     with np.errstate(over="ignore"):
-        for start in range(0, n_params, chunk):
-            i = np.arange(start, min(start + chunk, n_params), dtype=np.uint64)
+        for start in range(0, n_params, _HASH_CHUNK):
+            i = np.arange(start, min(start + _HASH_CHUNK, n_params), dtype=np.uint64)
             b = splitmix64(i + s + _GOLDEN)
             buckets[start : start + len(i)] = (b & np.uint64(dim - 1)).astype(np.int64)
             g = splitmix64(i + s + _SIGN_OFFSET)
@@ -78,10 +109,293 @@ def hash_coordinates(n_params: int, dim: int, seed: int) -> tuple[np.ndarray, np
     return buckets, signs
 
 
+def hash_codes(n_params: int, dim: int, seed: int, threads: int | None = None) -> np.ndarray:
+    """Return the hash as ``int32[n_params]`` codes: ``bucket`` if ``sign = +1``, else ``~bucket``.
+
+    ``bucket = code ^ (code >> 31)`` and ``sign = -1 if code < 0 else +1`` recover
+    :func:`hash_coordinates`. Evaluated by a compiled loop over ``threads`` threads when numba is
+    available, else with numpy; both give the same array.
+    """
+    _check_hash_args(n_params, dim, seed)
+    out = np.empty(n_params, dtype=np.int32)
+    nb = _numba()
+    chunks = [(a, min(a + _HASH_CHUNK, n_params)) for a in range(0, n_params, _HASH_CHUNK)]
+
+    def run(ab: tuple[int, int]) -> None:
+        if nb is not None:  # about 1e8 coordinates per second and thread
+            nb.hash_codes(np.uint64(seed), np.uint64(ab[0]), dim, out[ab[0] : ab[1]])
+        else:  # about 1e7 per second and thread
+            b, s = _hash_range(ab[0], ab[1], dim, seed)
+            out[ab[0] : ab[1]] = np.where(s < 0, ~b, b)
+
+    _run_threads(run, chunks, _threads(threads))
+    return out
+
+
+def _hash_range(start: int, stop: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Buckets (int32) and signs (+-1 int32) of coordinates ``start:stop`` (numpy reference)."""
+    with np.errstate(over="ignore"):
+        i = np.arange(start, stop, dtype=np.uint64) + np.uint64(seed)
+        b = (splitmix64(i + _GOLDEN) & np.uint64(dim - 1)).astype(np.int32)
+        g = splitmix64(i + _SIGN_OFFSET)
+    return b, np.where((g & np.uint64(1)) == 0, 1, -1).astype(np.int32)
+
+
 @lru_cache(maxsize=8)
-def _cached_hash(n_params: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    b, s = hash_coordinates(n_params, dim, seed)
-    return torch.from_numpy(b), torch.from_numpy(s)
+def _cached_codes(n_params: int, dim: int, seed: int) -> np.ndarray:
+    return hash_codes(n_params, dim, seed)  # shared by every CountSketch: never written
+
+
+# ----------------------------------------------------------------------------------------------
+# The compiled CPU kernels (numba), built on first use.
+
+
+@lru_cache(maxsize=1)
+def _load_numba() -> SimpleNamespace | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    try:
+        return _compile_kernels(numba)
+    except Exception as e:  # an incompatible numba must not break sketching: fall back loudly
+        warnings.warn(f"bt-bench: the compiled CountSketch kernels failed to build ({e!r}); "
+                      "falling back to torch index_add_ (slower, same result)", stacklevel=3)
+        return None
+
+
+def _numba() -> SimpleNamespace | None:
+    """The compiled kernels, or None (numba missing, failed, or BT_BENCH_SKETCH_BACKEND=torch)."""
+    if os.environ.get("BT_BENCH_SKETCH_BACKEND", "auto") == "torch":
+        return None
+    return _load_numba()
+
+
+def numba_available() -> bool:
+    """Whether the compiled CPU backend can be used in this process."""
+    return _numba() is not None
+
+
+def _compile_kernels(numba) -> SimpleNamespace:  # noqa: C901 (one place for all kernels)
+    """Compile the kernels eagerly (explicit signatures: ~2 s once per process, no disk cache)."""
+    njit = numba.njit
+    f32 = np.float32
+    golden, sign_off, m1, m2 = _GOLDEN, _SIGN_OFFSET, _M1, _M2
+    s30, s27, s31, one = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(1)
+
+    @njit("void(uint64, uint64, int64, int32[::1])", nogil=True, boundscheck=False)
+    def hash_codes_kernel(seed, start, dim, out):
+        mask = np.uint64(dim - 1)
+        for k in range(out.shape[0]):
+            i = start + np.uint64(k) + seed
+            z = i + golden
+            z = (z ^ (z >> s30)) * m1
+            z = (z ^ (z >> s27)) * m2
+            z = z ^ (z >> s31)
+            b = np.int32(z & mask)
+            z = i + sign_off
+            z = (z ^ (z >> s30)) * m1
+            z = (z ^ (z >> s27)) * m2
+            z = z ^ (z >> s31)
+            out[k] = b ^ -np.int32(z & one)
+
+    try:
+        prefetch = _prefetch_intrinsic(numba)
+    except Exception:
+        prefetch = None
+    lookahead = 128
+
+    # acc[g, R*b + j] += sign * x[R*g + j, i] for the R rows of each group g in [g0, g1): one
+    # cache line of acc holds several rows of a bucket, so the random accesses touch R times
+    # fewer lines than R separate output rows would.
+    sig_acc = "void(float32[:, ::1], int32[::1], float32[:, ::1], int64, int64)"
+
+    @njit(sig_acc, nogil=True, boundscheck=False)
+    def acc8(x, code, acc, g0, g1):
+        m = x.shape[1]
+        for g in range(g0, g1):
+            a = acc[g]
+            r = 8 * g
+            x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
+            x4, x5, x6, x7 = x[r + 4], x[r + 5], x[r + 6], x[r + 7]
+            for i in range(m):
+                c = code[i]
+                neg = c >> 31
+                b = (c ^ neg) * 8
+                s = f32(1 | neg)
+                a[b] += s * x0[i]
+                a[b + 1] += s * x1[i]
+                a[b + 2] += s * x2[i]
+                a[b + 3] += s * x3[i]
+                a[b + 4] += s * x4[i]
+                a[b + 5] += s * x5[i]
+                a[b + 6] += s * x6[i]
+                a[b + 7] += s * x7[i]
+
+    @njit(sig_acc, nogil=True, boundscheck=False)
+    def acc4(x, code, acc, g0, g1):
+        m = x.shape[1]
+        for g in range(g0, g1):
+            a = acc[g]
+            r = 4 * g
+            x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
+            for i in range(m):
+                c = code[i]
+                neg = c >> 31
+                b = (c ^ neg) * 4
+                s = f32(1 | neg)
+                a[b] += s * x0[i]
+                a[b + 1] += s * x1[i]
+                a[b + 2] += s * x2[i]
+                a[b + 3] += s * x3[i]
+
+    if prefetch is not None:
+        try:
+            acc4 = _acc4_prefetch(njit, sig_acc, prefetch, lookahead)
+        except Exception:
+            pass
+
+    @njit("void(float32[:, ::1], int32[::1], float32[:, ::1], int64, int64)", nogil=True,
+          boundscheck=False)
+    def rows1(x, code, out, r0, r1):
+        m = x.shape[1]
+        for r in range(r0, r1):
+            xr = x[r]
+            o = out[r]
+            for i in range(m):
+                c = code[i]
+                neg = c >> 31
+                o[c ^ neg] += f32(1 | neg) * xr[i]
+
+    # out[R*g + j, b] = acc[g, R*b + j]: unrolled over the R rows (vectorizes)
+    sig_finish = "void(float32[:, ::1], float32[:, ::1], int64, int64)"
+
+    @njit(sig_finish, nogil=True, boundscheck=False)
+    def finish4(acc, out, g0, g1):
+        for g in range(g0, g1):
+            a = acc[g]
+            o0, o1, o2, o3 = out[4 * g], out[4 * g + 1], out[4 * g + 2], out[4 * g + 3]
+            for b in range(out.shape[1]):
+                o0[b] = a[4 * b]
+                o1[b] = a[4 * b + 1]
+                o2[b] = a[4 * b + 2]
+                o3[b] = a[4 * b + 3]
+
+    @njit(sig_finish, nogil=True, boundscheck=False)
+    def finish8(acc, out, g0, g1):
+        for g in range(g0, g1):
+            a = acc[g]
+            o0, o1, o2, o3 = out[8 * g], out[8 * g + 1], out[8 * g + 2], out[8 * g + 3]
+            o4, o5, o6, o7 = out[8 * g + 4], out[8 * g + 5], out[8 * g + 6], out[8 * g + 7]
+            for b in range(out.shape[1]):
+                o0[b] = a[8 * b]
+                o1[b] = a[8 * b + 1]
+                o2[b] = a[8 * b + 2]
+                o3[b] = a[8 * b + 3]
+                o4[b] = a[8 * b + 4]
+                o5[b] = a[8 * b + 5]
+                o6[b] = a[8 * b + 6]
+                o7[b] = a[8 * b + 7]
+
+    return SimpleNamespace(hash_codes=hash_codes_kernel, acc={4: acc4, 8: acc8}, rows1=rows1,
+                           finish={4: finish4, 8: finish8})
+
+
+def _acc4_prefetch(njit, sig_acc, prefetch, lookahead: int):
+    """``acc4`` plus a software prefetch of the accumulator line ``lookahead`` coordinates ahead.
+
+    At large ``dim`` the ``4 x dim`` buffer outgrows L1/L2 (1 MiB at dim 65536); the prefetch
+    gained about 20% there on the development machine.
+    """
+    f32 = np.float32
+
+    @njit(sig_acc, nogil=True, boundscheck=False)
+    def acc4_prefetch(x, code, acc, g0, g1):
+        m = x.shape[1]
+        for g in range(g0, g1):
+            a = acc[g]
+            r = 4 * g
+            x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
+            for i in range(m):
+                if i + lookahead < m:
+                    cp = code[i + lookahead]
+                    prefetch(a, (cp ^ (cp >> 31)) * 4)
+                c = code[i]
+                neg = c >> 31
+                b = (c ^ neg) * 4
+                s = f32(1 | neg)
+                a[b] += s * x0[i]
+                a[b + 1] += s * x1[i]
+                a[b + 2] += s * x2[i]
+                a[b + 3] += s * x3[i]
+
+    return acc4_prefetch
+
+
+def _prefetch_intrinsic(numba):
+    """``prefetch(array, index)``: an LLVM write prefetch of ``array[index]``, None if unusable."""
+    for name in ("llvm.prefetch.p0", "llvm.prefetch.p0i8"):  # opaque / typed-pointer LLVM
+        try:
+            prefetch = _make_prefetch(name)
+            _probe_prefetch(numba, prefetch)
+            return prefetch
+        except Exception:
+            continue
+    return None
+
+
+def _make_prefetch(name: str):
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, arr, idx):
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                           wraparound=False)
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+            # rw=1 (write), locality=3 (keep in all levels), cache type=1 (data)
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(arr, idx), codegen
+
+    return prefetch
+
+
+def _probe_prefetch(numba, prefetch) -> None:
+    @numba.njit("void(float32[::1])")
+    def probe(a):
+        prefetch(a, 0)
+
+    probe(np.zeros(1, np.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _threads(threads: int | None) -> int:
+    t = torch.get_num_threads() if threads is None else int(threads)
+    if t < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}; pass None for "
+                         "torch.get_num_threads()")
+    return t
+
+
+def _run_threads(fn, items: list, threads: int) -> None:
+    if threads <= 1 or len(items) <= 1:
+        for it in items:
+            fn(it)
+        return
+    with ThreadPoolExecutor(min(threads, len(items))) as ex:
+        for _ in ex.map(fn, items):
+            pass
 
 
 class CountSketch:
@@ -89,35 +403,185 @@ class CountSketch:
 
     Args:
         n_params: length of the flattened gradient (all parameters, ``named_parameters()`` order).
-        dim: sketch dimension, a power of two.
+        dim: sketch dimension, a power of two (at most 2**31).
         seed: hash seed (the release records it; the builder uses 0).
 
     Example:
         >>> cs = CountSketch(10, 4, 0)
         >>> cs.sketch(torch.ones(2, 10)).shape
         torch.Size([2, 4])
+        >>> grads = {"w": torch.ones(2, 3, 2), "b": torch.ones(2, 4)}  # vmap(grad) layout
+        >>> bool(torch.equal(cs.sketch_params(grads), cs.sketch(torch.ones(2, 10))))
+        True
     """
 
     def __init__(self, n_params: int, dim: int, seed: int = 0) -> None:
         self.n_params = int(n_params)
         self.dim = int(dim)
         self.seed = int(seed)
-        self.bucket, self.sign = _cached_hash(self.n_params, self.dim, self.seed)
+        self.codes = _cached_codes(self.n_params, self.dim, self.seed)
+        self._bucket: torch.Tensor | None = None
+        self._sign: torch.Tensor | None = None
+        self._device_codes: dict[torch.device, torch.Tensor] = {}
         self._matrix_t: torch.Tensor | None = None
 
-    def sketch(self, x: torch.Tensor) -> torch.Tensor:
-        """Sketch ``x`` of shape ``(..., n_params)`` into float32 ``(..., dim)``."""
+    @property
+    def bucket(self) -> torch.Tensor:
+        """``int64[n_params]`` bucket of every coordinate (derived from :attr:`codes`)."""
+        if self._bucket is None:
+            c = self.codes.astype(np.int64)
+            self._bucket = torch.from_numpy(c ^ (c >> 31))
+        return self._bucket
+
+    @property
+    def sign(self) -> torch.Tensor:
+        """``float32[n_params]`` sign (+1 or -1) of every coordinate (from :attr:`codes`)."""
+        if self._sign is None:
+            self._sign = torch.from_numpy(np.where(self.codes < 0, -1.0, 1.0).astype(np.float32))
+        return self._sign
+
+    def sketch(self, x: torch.Tensor, *, threads: int | None = None,
+               backend: str = "auto") -> torch.Tensor:
+        """Sketch ``x`` of shape ``(..., n_params)`` into float32 ``(..., dim)``.
+
+        ``x`` is cast to float32 first; ``threads`` (CPU, numba backend) defaults to
+        ``torch.get_num_threads()``; ``backend`` is one of ``"auto"``, ``"numba"``, ``"torch"``
+        (module docstring). The result lies on ``x``'s device.
+        """
         if x.shape[-1] != self.n_params:
             raise ValueError(
                 f"last dimension of x is {x.shape[-1]}, expected n_params={self.n_params}; "
-                "flatten the full gradient in named_parameters() order (flatten_grads)"
+                "flatten the full gradient in named_parameters() order (flatten_grads), or pass "
+                "the per-parameter gradients to sketch_params"
             )
         lead = x.shape[:-1]
-        flat = x.detach().reshape(-1, self.n_params).to(torch.float32)
-        out = torch.zeros(flat.shape[0], self.dim, dtype=torch.float32)
-        # One batched scatter-add along the coordinate axis (float32 accumulation).
-        out.index_add_(1, self.bucket, flat * self.sign)
+        flat = x.detach().reshape(-1, self.n_params)
+        out = self._sketch_parts([flat], flat.shape[0], flat.device, threads, backend)
         return out.reshape(*lead, self.dim)
+
+    def sketch_params(self, grads: Mapping[str, torch.Tensor] | Sequence[torch.Tensor] |
+                      torch.Tensor, *, threads: int | None = None,
+                      backend: str = "auto") -> torch.Tensor:
+        """Sketch a batch of gradients given per parameter, without concatenating them.
+
+        Args:
+            grads: the ``{name: (B, *param.shape)}`` dict that ``torch.func.vmap(grad(f))``
+                returns, or a list of such tensors, in ``model.named_parameters()`` order (a dict
+                is read in its insertion order, its names are not looked up); together they must
+                hold exactly ``n_params`` values per row. A ``(B, n_params)`` tensor is sketched
+                as by :meth:`sketch`.
+            threads: CPU threads (numba backend); default ``torch.get_num_threads()``.
+            backend: ``"auto"``, ``"numba"`` or ``"torch"`` (module docstring).
+
+        Returns:
+            float32 ``(B, dim)`` on the gradients' device, equal to ``sketch`` of the
+            concatenated rows (bit for bit on the CPU).
+        """
+        if isinstance(grads, torch.Tensor):
+            if grads.dim() != 2:
+                raise ValueError(f"a tensor passed to sketch_params must be (B, n_params), got "
+                                 f"shape {tuple(grads.shape)}; pass per-parameter gradients as "
+                                 "a dict or list of (B, *param.shape) tensors")
+            return self.sketch(grads, threads=threads, backend=backend)
+        parts = list(grads.values()) if isinstance(grads, Mapping) else list(grads)
+        if not parts:
+            raise ValueError("sketch_params got no gradients; pass the dict that "
+                             "vmap(grad(...)) returns, in named_parameters() order")
+        for k, p in enumerate(parts):
+            if not isinstance(p, torch.Tensor) or p.dim() < 1:
+                raise ValueError(f"gradient {k} is {type(p).__name__} "
+                                 f"{tuple(getattr(p, 'shape', ()))}; expected a tensor of shape "
+                                 "(B, *param.shape) (a parameter without gradient: pass zeros)")
+        rows = parts[0].shape[0]
+        device = parts[0].device
+        for k, p in enumerate(parts):
+            if p.shape[0] != rows or p.device != device:
+                raise ValueError(
+                    f"gradient {k} has shape {tuple(p.shape)} on {p.device}, expected a leading "
+                    f"batch dimension of {rows} on {device} like gradient 0; every tensor must be "
+                    "(B, *param.shape) on one device")
+        flat = [p.detach().reshape(rows, math.prod(p.shape[1:])) for p in parts]
+        total = sum(p.shape[1] for p in flat)
+        if total != self.n_params:
+            raise ValueError(f"the gradients hold {total} values per row, expected "
+                             f"n_params={self.n_params}; pass every parameter in "
+                             "named_parameters() order (zeros for one without gradient)")
+        return self._sketch_parts(flat, rows, device, threads, backend)
+
+    def _sketch_parts(self, parts: list[torch.Tensor], rows: int, device: torch.device,
+                      threads: int | None, backend: str) -> torch.Tensor:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        threads = _threads(threads)
+        if rows == 0:
+            return torch.zeros(0, self.dim, dtype=torch.float32, device=device)
+        nb = _numba() if device.type == "cpu" and backend != "torch" else None
+        if backend == "numba" and nb is None:
+            raise RuntimeError(
+                "backend='numba' needs numba and CPU tensors (numba installed: "
+                f"{_load_numba() is not None}, device: {device}); install it with "
+                "pip install 'bt-bench[fast]' or use backend='auto'")
+        if nb is not None:
+            return self._sketch_numba(nb, parts, rows, threads)
+        return self._sketch_torch(parts, rows, device)
+
+    def _sketch_numba(self, nb: SimpleNamespace, parts: list[torch.Tensor], rows: int,
+                      threads: int) -> torch.Tensor:
+        d = self.dim
+        width = 8 if d <= 8192 else 4  # rows per group: the (dim, width) buffer stays in cache
+        groups = rows // width
+        out = torch.empty(rows, d, dtype=torch.float32)  # finish() writes the grouped rows
+        out[groups * width :] = 0.0
+        acc = np.zeros((groups, d * width), dtype=np.float32)
+        out_np = out.numpy()
+        arrays, offsets, off = [], [], 0
+        for p in parts:
+            if p.shape[1]:
+                arrays.append(p.to(torch.float32).contiguous().resolve_neg().numpy())
+                offsets.append(off)
+            off += p.shape[1]
+        codes = self.codes
+        kernel = nb.acc[width]
+        # work items: ranges of row groups, and the leftover rows (fewer than `width`)
+        n_items = max(1, min(threads, groups + (rows > groups * width)))
+        bounds = np.linspace(0, groups, n_items + 1).round().astype(int)
+        items = [(int(bounds[k]), int(bounds[k + 1]), k == n_items - 1) for k in range(n_items)]
+
+        def work(item: tuple[int, int, bool]) -> None:
+            g0, g1, tail = item
+            for a, o in zip(arrays, offsets, strict=True):
+                c = codes[o : o + a.shape[1]]
+                if g1 > g0:
+                    kernel(a, c, acc, g0, g1)
+                if tail and rows > groups * width:
+                    nb.rows1(a, c, out_np, groups * width, rows)
+            if g1 > g0:
+                nb.finish[width](acc, out_np, g0, g1)
+
+        _run_threads(work, items, threads)
+        return out
+
+    def _sketch_torch(self, parts: list[torch.Tensor], rows: int,
+                      device: torch.device) -> torch.Tensor:
+        out = torch.zeros(rows, self.dim, dtype=torch.float32, device=device)
+        if device.type == "cpu":
+            bucket, sign = self.bucket, self.sign
+            off = 0
+            for p in parts:
+                k = p.shape[1]
+                if k:
+                    out.index_add_(1, bucket[off : off + k],
+                                   p.to(torch.float32) * sign[off : off + k])
+                off += k
+            return out
+        codes = self._device_codes.get(device)
+        if codes is None:
+            codes = self._device_codes[device] = self._codes_tensor().to(device)
+        _index_add_codes(out, parts, codes, max(1, _DEVICE_CHUNK_ELEMS // rows))
+        return out
+
+    def _codes_tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.codes)  # shares the cache: only ever read
 
     def sketch_sparse_mm(self, x: torch.Tensor) -> torch.Tensor:
         """Same sketch as a sparse-dense product (alternative kept for the throughput script)."""
@@ -132,6 +596,24 @@ class CountSketch:
         out = torch.sparse.mm(self._matrix_t, flat.t().contiguous()).t()
         return out.reshape(*lead, self.dim).contiguous()
 
+
+def _index_add_codes(out: torch.Tensor, parts: list[torch.Tensor], codes: torch.Tensor,
+                     step: int) -> None:
+    """``out[:, bucket] += sign * part`` over column chunks of ``step``, codes on ``out``'s device.
+
+    Two kernels per chunk: one elementwise product (bf16/fp16 promote to float32) and one
+    ``index_add_`` (atomic adds on CUDA). On the CPU the sums keep the documented order.
+    """
+    off = 0
+    for p in parts:
+        k = p.shape[1]
+        for s in range(0, k, step):
+            e = min(s + step, k)
+            c = codes[off + s : off + e]
+            neg = c >> 31
+            vals = torch.mul(p[:, s:e], (neg | 1).to(torch.float32))  # exact: sign is +-1
+            out.index_add_(1, c ^ neg, vals.to(torch.float32))  # no-op unless float64 input
+        off += k
 
 
 def flatten_grads(model: torch.nn.Module) -> torch.Tensor:

@@ -1,10 +1,22 @@
+import importlib.util
+import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from benchmark.sketch import CountSketch, flatten_grads, hash_coordinates, splitmix64
+import benchmark.sketch as S
+from benchmark.sketch import (
+    CountSketch,
+    flatten_grads,
+    hash_codes,
+    hash_coordinates,
+    numba_available,
+    splitmix64,
+)
 
 
 def test_splitmix64_known_values():
@@ -69,3 +81,188 @@ def test_flatten_grads_counts_none_as_zeros():
     g = flatten_grads(m)
     assert g.shape == (3 * 2 + 2 + 2 + 1,)
     assert torch.all(g[:8] == 0) and torch.any(g[8:] != 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends, the per-parameter entry point, and the documented summation order.
+
+
+@pytest.fixture
+def need_numba():
+    """The compiled backend; CI installs it (.[test]), so there a missing one fails."""
+    if not numba_available():
+        if os.environ.get("CI"):
+            pytest.fail("numba kernels unavailable in CI; pip install -e '.[test]' installs numba")
+        pytest.skip("numba is not installed (pip install 'bt-bench[fast]')")
+
+
+def _float32_sequential(x: np.ndarray, bucket: np.ndarray, sign: np.ndarray, dim: int):
+    """The documented order: per row and bucket, float32 sums over increasing coordinates."""
+    out = np.zeros((x.shape[0], dim), dtype=np.float32)
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[r, bucket[i]] = np.float32(out[r, bucket[i]] + np.float32(sign[i] * x[r, i]))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**64 - 3])
+def test_hash_codes_fold_bucket_and_sign(seed, monkeypatch):
+    monkeypatch.setattr(S, "_HASH_CHUNK", 1000)  # several chunks, one partial
+    n, dim = 4321, 256
+    b, s = hash_coordinates(n, dim, seed)
+    codes = hash_codes(n, dim, seed, threads=3)
+    assert codes.dtype == np.int32
+    np.testing.assert_array_equal(codes ^ (codes >> 31), b)
+    np.testing.assert_array_equal(np.where(codes < 0, -1.0, 1.0), s)
+    monkeypatch.setenv("BT_BENCH_SKETCH_BACKEND", "torch")  # the numpy evaluation
+    np.testing.assert_array_equal(hash_codes(n, dim, seed), codes)
+
+
+def test_sketch_follows_documented_summation_order_exactly(need_numba):
+    rng = np.random.default_rng(1)
+    n, dim = 1500, 16
+    x = rng.normal(size=(3, n)).astype(np.float32) * np.float32(1e3) ** rng.integers(
+        -2, 3, size=(3, n)).astype(np.float32)  # mixed magnitudes: the order matters
+    cs = CountSketch(n, dim, 5)
+    ref = _float32_sequential(x, cs.bucket.numpy(), cs.sign.numpy(), dim)
+    for backend in ("numba", "torch"):
+        np.testing.assert_array_equal(cs.sketch(torch.from_numpy(x), backend=backend).numpy(), ref)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 13, 32])
+@pytest.mark.parametrize("dim", [64, 8192, 16384])  # 8 rows per group up to 8192, then 4
+def test_numba_and_index_add_backends_are_bit_identical(need_numba, rows, dim):
+    g = torch.Generator().manual_seed(rows * dim)
+    n = 20011
+    x = torch.randn(rows, n, generator=g) * torch.exp(2 * torch.randn(rows, n, generator=g))
+    cs = CountSketch(n, dim, 3)
+    ref = cs.sketch(x, backend="torch")
+    for threads in (1, 2, 5):
+        assert torch.equal(cs.sketch(x, threads=threads, backend="numba"), ref)
+
+
+def test_sketch_matches_float64_reference_within_float32_error(need_numba):
+    g = torch.Generator().manual_seed(0)
+    n, dim = 50000, 1024
+    x = torch.randn(6, n, generator=g) * torch.exp(3 * torch.randn(6, n, generator=g))
+    cs = CountSketch(n, dim, 11)
+    bucket = cs.bucket.numpy()
+    signed = x.double().numpy() * cs.sign.double().numpy()
+    ref, mass = np.zeros((6, dim)), np.zeros((6, dim))
+    for r in range(6):
+        np.add.at(ref[r], bucket, signed[r])
+        np.add.at(mass[r], bucket, np.abs(signed[r]))
+    # sequential float32 summation of k terms: |error| <= (k - 1) * 2**-24 * sum |terms|
+    bound = (np.bincount(bucket, minlength=dim) - 1) * 2.0**-24 * mass
+    for backend in ("numba", "torch"):
+        err = np.abs(cs.sketch(x, backend=backend).double().numpy() - ref)
+        assert (err <= bound).all()
+        assert err.max() > 0  # float32 accumulation, not float64
+
+
+def _vmap_grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi):
+        return functional_call(model, p, (xi[None],)).pow(2).sum()
+
+    return vmap(grad(loss), in_dims=(None, 0))(params, x)
+
+
+def test_per_parameter_sketch_equals_flat_sketch_exactly():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
+    grads = _vmap_grads(model, torch.randn(6, 7))  # {name: (6, *param.shape)}
+    flat = torch.cat([g.reshape(6, -1) for g in grads.values()], 1)
+    n = flat.shape[1]
+    cs = CountSketch(n, 64, 2)
+    ref = cs.sketch(flat)
+    backends = ("auto", "torch") + (("numba",) if numba_available() else ())
+    for backend in backends:
+        assert torch.equal(cs.sketch_params(grads, backend=backend), ref)
+        assert torch.equal(cs.sketch_params(list(grads.values()), backend=backend), ref)
+        assert torch.equal(cs.sketch_params(flat, backend=backend), ref)
+    # bf16 gradients are widened to float32 first, exactly as the flat path does
+    half = {k: v.bfloat16() for k, v in grads.items()}
+    assert torch.equal(cs.sketch_params(half),
+                       cs.sketch(torch.cat([v.reshape(6, -1) for v in half.values()], 1)))
+
+
+def test_device_algorithm_keeps_the_order_on_cpu():
+    """The chunked index_add_ used on GPUs gives the exact CPU result when run on the CPU."""
+    g = torch.Generator().manual_seed(4)
+    n = 3001
+    parts = [torch.randn(5, k, generator=g) for k in (1000, 1, 2000)]
+    cs = CountSketch(n, 128, 9)
+    ref = cs.sketch(torch.cat(parts, 1), backend="torch")
+    for dtype in (torch.float32, torch.float64):
+        out = torch.zeros(5, 128)
+        S._index_add_codes(out, [p.to(dtype) for p in parts], cs._codes_tensor(), step=97)
+        assert torch.equal(out, ref)
+
+
+def test_sketch_shapes_and_empty_batch():
+    cs = CountSketch(10, 4, 0)
+    assert cs.sketch(torch.ones(10)).shape == (4,)
+    assert cs.sketch(torch.ones(2, 3, 10)).shape == (2, 3, 4)
+    assert cs.sketch(torch.ones(0, 10)).shape == (0, 4)
+    assert cs.sketch(torch.ones(2, 10, dtype=torch.float64)).dtype == torch.float32
+
+
+def test_sketch_params_rejects_bad_input():
+    cs = CountSketch(10, 4, 0)
+    with pytest.raises(ValueError, match=r"hold 9 values per row, expected n_params=10"):
+        cs.sketch_params([torch.ones(2, 3, 3)])
+    with pytest.raises(ValueError, match=r"leading batch dimension of 2"):
+        cs.sketch_params([torch.ones(2, 5), torch.ones(3, 5)])
+    with pytest.raises(ValueError, match=r"got no gradients"):
+        cs.sketch_params({})
+    with pytest.raises(ValueError, match=r"gradient 1 is NoneType"):
+        cs.sketch_params([torch.ones(2, 5), None])
+    with pytest.raises(ValueError, match=r"must be \(B, n_params\)"):
+        cs.sketch_params(torch.ones(10))
+    with pytest.raises(ValueError, match=r"backend must be one of"):
+        cs.sketch(torch.ones(10), backend="cuda")
+    with pytest.raises(ValueError, match=r"threads must be at least 1"):
+        cs.sketch(torch.ones(10), threads=0)
+    with pytest.raises(ValueError, match=r"expected n_params=10.*sketch_params"):
+        cs.sketch(torch.ones(2, 9))
+
+
+def test_torch_fallback_when_compiled_backend_is_off(monkeypatch):
+    x = torch.randn(3, 100)
+    cs = CountSketch(100, 16, 1)
+    ref = cs.sketch(x)
+    monkeypatch.setenv("BT_BENCH_SKETCH_BACKEND", "torch")
+    assert not numba_available()
+    assert torch.equal(cs.sketch(x), ref)
+    with pytest.raises(RuntimeError, match=r"backend='numba' needs numba.*bt-bench\[fast\]"):
+        cs.sketch(x, backend="numba")
+
+
+def test_gpu_check_smoke_runs_end_to_end(tmp_path):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    threads = torch.get_num_threads()
+    out = tmp_path / "report.json"
+    mod.main(["--smoke", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # restored
+    report = json.loads(out.read_text())
+    assert report["smoke"] and report["rollouts"] == 4 and report["n_params"] > 0
+    assert report["per_rollout_grad"] == "benchmark.build.grpo.PerRolloutGrad"
+    for key in ("step_without_capture_s", "step_with_capture_s", "step_with_capture_flat_s"):
+        assert report[key] > 0
+    assert report["throughput"]["ratio_sketch_to_copy"] > 0
+    assert report["correctness"]["within_float32_bound"]
+    assert report["correctness"]["max_abs_diff_vs_cpu"] == 0.0
+    assert report["correctness"]["max_abs_diff_per_parameter_vs_flat"] == 0.0
+    # the release model's architecture as written in the script: Qwen2.5-1.5B's parameter count
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    with torch.device("meta"):
+        big = AutoModelForCausalLM.from_config(Qwen2Config(**mod.QWEN25_15B))
+    assert sum(p.numel() for p in big.parameters()) == 1_543_714_304
