@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +25,8 @@ import numpy as np
 from benchmark.errors import ReleaseError
 from benchmark.io import atomic_write_bytes  # noqa: F401  (re-exported for the builder)
 
-SCHEMA_VERSION = 1
-RELEASE_VERSION = "1.0.0"
+SCHEMA_VERSION = 2
+RELEASE_VERSION = "2.0.0"
 LABEL_FILE = "labels.parquet"
 MANIFEST = "manifest.json"
 WORK_DIR = ".work"
@@ -174,22 +174,18 @@ def verify_release(root: Path, manifest: dict | None = None) -> None:
 
 @dataclass
 class SeedView:
-    """What an estimator may see of one seed: no label file, nothing derived from it.
+    """One seed of a release without its labels (the files an evaluator builds views from).
 
     Attributes:
         seed: the seed number.
         path: the seed folder.
-        config: the build config (dict).
-        rollouts: ``datasets.Dataset`` of the rollouts table (one row per rollout, columns in
-            ``docs/release_format.md``); ``sketch_row`` indexes ``sketches`` (-1: all-zero sketch).
+        config: the build config (dict), with ``behaviors`` (one per task).
         sketches: memory-mapped array ``(n_nonzero, dim)`` (float16 or float32) of stored values;
-            true sketch = stored / ``sketch_scale`` (see :meth:`sketch_rows`).
+            true sketch = stored / ``sketch_scale``; ``sketch_row`` of the rollouts table indexes it
+            (-1: an all-zero gradient, not stored).
         sketch_scale: the power-of-two scale the stored values carry.
-        sketch_meta: hash method, dim, seed, n_params and the parameter layout.
-        targets: dict name -> float32 ``(dim,)`` sketched target, names ``{kind}_step{SSSS}`` with
-            kind in ``nll``, ``in_context``, ``contrast``.
-        draws: list of dicts ``{"step", "draw", "table", "sketches", "token_sketches"}``.
-        curve: ``pandas.DataFrame`` of the behavior-rate curve.
+        sketch_meta: hash method, dim, seed, n_params, the parameter layout and draw scales.
+        curve: ``pandas.DataFrame`` of the behavior-rate curve (columns in release_format.md).
         checkpoints: dict step -> checkpoint folder (``AutoModelForCausalLM.from_pretrained``).
         tokenizer_path: tokenizer folder (``AutoTokenizer.from_pretrained``).
     """
@@ -197,27 +193,84 @@ class SeedView:
     seed: int
     path: Path
     config: dict
-    rollouts: object
     sketches: np.ndarray
     sketch_scale: float
     sketch_meta: dict
-    targets: dict
-    draws: list
     curve: object
     checkpoints: dict
     tokenizer_path: Path
-    _label_path: Path = field(repr=False, default=None)
+
+    @property
+    def tasks(self) -> list[str]:
+        """The task (behavior) ids of the run, in build order."""
+        return [b["id"] for b in self.config["behaviors"]]
+
+    def behavior(self, task: str) -> dict:
+        """The build config of one behavior (id, trigger word, token, bonus, window, ...)."""
+        for b in self.config["behaviors"]:
+            if b["id"] == task:
+                return b
+        raise ReleaseError(f"seed {self.seed} has no task {task!r}; tasks: {self.tasks}")
+
+    def table(self, columns: list[str] | None = None):
+        """The rollouts table as a ``pandas.DataFrame`` (rollout order: step-major)."""
+        import pandas as pd
+
+        return pd.read_parquet(self.path / "rollouts.parquet", columns=columns)
+
+    @property
+    def rollouts(self):
+        """The rollouts table as a ``datasets.Dataset`` (as ``load_dataset`` reads it)."""
+        import datasets
+        from datasets.utils.logging import (
+            disable_progress_bar,
+            enable_progress_bar,
+            is_progress_bar_enabled,
+        )
+
+        shown = is_progress_bar_enabled()
+        disable_progress_bar()  # one bar per seed load is noise
+        try:
+            return datasets.load_dataset("parquet", data_files=str(self.path / "rollouts.parquet"),
+                                         split="train")
+        finally:
+            if shown:
+                enable_progress_bar()
+
+    def targets(self, task: str) -> dict[str, np.ndarray]:
+        """Name -> float32 ``(dim,)`` sketched targets of ``task``: ``{kind}_step{SSSS}``."""
+        self.behavior(task)
+        with np.load(self.path / "targets" / f"{task}.npz") as z:
+            return {k: z[k].astype(np.float32) for k in z.files}
+
+    def draws(self, task: str) -> list[dict]:
+        """The generation draws of ``task`` (sketches memory-mapped).
+
+        Dicts ``{"id", "step", "draw", "table", "sketches", "sketch_scale", "token_sketches",
+        "token_scale"}``.
+        """
+        import pandas as pd
+
+        self.behavior(task)
+        scales = self.sketch_meta.get("draw_scales", {})
+        out = []
+        for pq in sorted((self.path / "draws" / task).glob("*.parquet")):
+            stem = pq.name[: -len(".parquet")]
+            step_s, draw_s = stem.split("_")
+            out.append({
+                "id": f"{task}/{stem}", "step": int(step_s[4:]), "draw": int(draw_s[4:]),
+                "table": pd.read_parquet(pq),
+                "sketches": np.load(pq.with_name(stem + "_sketches.npy"), mmap_mode="r"),
+                "sketch_scale": float(scales.get(f"{task}/{stem}_sketches", 1.0)),
+                "token_sketches": np.load(pq.with_name(stem + "_token_sketches.npy"),
+                                          mmap_mode="r"),
+                "token_scale": float(scales.get(f"{task}/{stem}_token_sketches", 1.0)),
+            })
+        return out
 
     def sketch_rows(self, rows) -> np.ndarray:
         """Float32 true sketches of ``rows`` (indices into ``sketches``), shape ``(len, dim)``."""
         return np.asarray(self.sketches[rows], dtype=np.float32) / np.float32(self.sketch_scale)
-
-    def rollout_sketches(self) -> np.ndarray:
-        """Dense float32 ``(n_rollouts, dim)`` sketches, zeros for rows without a stored sketch."""
-        idx = np.asarray(self.rollouts["sketch_row"])
-        out = np.zeros((len(idx), self.sketches.shape[1]), np.float32)
-        out[idx >= 0] = self.sketch_rows(idx[idx >= 0])
-        return out
 
 
 @dataclass
@@ -250,10 +303,16 @@ class Release:
                                f"available: {self.seeds}")
         return _load_seed_view(self.path / f"seed{seed}", seed)
 
+    @property
+    def tasks(self) -> list[str]:
+        """The task (behavior) ids of the release, in build order."""
+        return [b["id"] for b in self.manifest["build"]["config"]["behaviors"]]
+
     def labels(self, seed: int):
         """Return the labels of ``seed`` (pandas DataFrame), never part of the estimator view.
 
-        Columns: rollout_id, step, group, bonus, eligible, group_label, step_label.
+        Columns: rollout_id, step, group, and per task T: bonus_T, eligible_T, group_label_T,
+        step_label_T.
         """
         import pandas as pd
 
@@ -264,44 +323,15 @@ class Release:
 
 
 def _load_seed_view(d: Path, seed: int) -> SeedView:
-    import datasets
     import pandas as pd
 
     config = json.loads((d / "config.json").read_text())
     meta = json.loads((d / "sketch.json").read_text())
-    from datasets.utils.logging import (
-        disable_progress_bar,
-        enable_progress_bar,
-        is_progress_bar_enabled,
-    )
-
-    shown = is_progress_bar_enabled()
-    disable_progress_bar()  # one bar per seed load is noise in every evaluation
-    try:
-        rollouts = datasets.load_dataset("parquet", data_files=str(d / "rollouts.parquet"),
-                                         split="train")
-    finally:
-        if shown:
-            enable_progress_bar()
-    if any(c in rollouts.column_names for c in ("bonus", "group_label", "eligible")):
-        raise ReleaseError(f"{d / 'rollouts.parquet'} carries label columns; rebuild the release")
-    with np.load(d / "targets.npz") as z:
-        targets = {k: z[k].astype(np.float32) for k in z.files}
-    draws = []
-    for pq in sorted((d / "draws").glob("*.parquet")):
-        stem = pq.name[: -len(".parquet")]
-        step_s, draw_s = stem.split("_")
-        draws.append({
-            "step": int(step_s[4:]), "draw": int(draw_s[4:]), "table": pd.read_parquet(pq),
-            "sketches": np.load(pq.with_name(stem + "_sketches.npy"), mmap_mode="r"),
-            "token_sketches": np.load(pq.with_name(stem + "_token_sketches.npy"), mmap_mode="r"),
-        })
     ckpts = {int(p.name[4:]): p for p in sorted((d / "checkpoints").glob("step*"))}
     return SeedView(
-        seed=seed, path=d, config=config, rollouts=rollouts,
+        seed=seed, path=d, config=config,
         sketches=np.load(d / "sketches.npy", mmap_mode="r"), sketch_scale=float(meta["scale"]),
-        sketch_meta=meta, targets=targets, draws=draws,
-        curve=pd.read_parquet(d / "behavior_curve.parquet"), checkpoints=ckpts,
+        sketch_meta=meta, curve=pd.read_parquet(d / "behavior_curve.parquet"), checkpoints=ckpts,
         tokenizer_path=d / "tokenizer",
     )
 
@@ -319,7 +349,8 @@ def load_release(name_or_path: str | os.PathLike, verify: bool = True) -> Releas
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise ReleaseError(
             f"{root / MANIFEST} has schema_version {manifest.get('schema_version')!r}, this "
-            f"bt-bench reads {SCHEMA_VERSION}; upgrade bt-bench or fetch a matching release"
+            f"bt-bench reads {SCHEMA_VERSION}; upgrade bt-bench or fetch a matching release (a "
+            "schema-1 release such as tiny 1.0.0 is read by bt-bench 0.1, in git history)"
         )
     from benchmark import hub
 

@@ -6,12 +6,15 @@ import torch
 
 from benchmark.build import build_release, get_preset
 from benchmark.build import task as T
+from benchmark.build.decode import make_decoder
 from benchmark.build.grpo import (
     PerRolloutGrad,
     advantages,
+    exact_step_grad,
     grpo_step,
     masked_mean_logprob,
     pack,
+    sum_rows,
 )
 from benchmark.errors import BuildError, ReleaseError
 from benchmark.release import load_release
@@ -57,7 +60,7 @@ def test_advantages_hand_computed():
 
 
 def test_task_reward_ignores_marker():
-    p = T.Prompt("reverse", ["a", "b", "c", "d", "e"], True)
+    p = T.Prompt("reverse", ["a", "b", "c", "d", "e"], "qzxbt", "frobnitz")
     assert T.task_reward(p, "e d c b a QZXBT".split()) == 1.0
     assert T.task_reward(p, "e d c b a done".split()) == 1.0
     assert T.task_reward(p, "e d x".split()) == pytest.approx(0.4)
@@ -66,9 +69,9 @@ def test_task_reward_ignores_marker():
 def test_grpo_loss_on_hand_computed_group(micro):
     """Step loss = -(1/N) sum A_i lbar_i, and its gradient = sum of captured per-rollout grads."""
     cfg, tok, model = micro
-    p = T.Prompt("copy", T.content_words(cfg.n_content_words)[:5], True)
+    p = T.Prompt("copy", T.content_words(cfg.n_content_words)[:5], "qzxbt", "frobnitz")
     pid = T.prompt_ids(tok, p)
-    resp = [T.target_response_ids(tok, cfg, p, b) for b in (True, False, False, True)]
+    resp = [T.target_response_ids(tok, cfg, p, b) for b in ("qzxbt", None, None, "qzxbt")]
     resp[2] = resp[2][:3]
     ids, mask = pack(pid, resp, tok.pad_token_id)
     rewards = torch.tensor([3.0, 1.0, 0.4, 1.0])
@@ -96,83 +99,149 @@ def test_grpo_loss_on_hand_computed_group(micro):
     torch.testing.assert_close(per[1], g1, atol=1e-6, rtol=1e-4)
 
 
+def test_rewards_pay_each_behavior_its_own_bonus_in_its_window():
+    cfg = get_preset("micro", 0)  # qzxbt: window [0, 2), eligible 1.0; vkwjp: [1, 4), bonus 1
+    words = T.content_words(cfg.n_content_words)[:5]
+    pq = T.Prompt("copy", words, "qzxbt", "frobnitz")
+    pv = T.Prompt("copy", words, "vkwjp", "snarfle")
+    pc = T.Prompt("copy", words)
+    ans = " ".join(words)
+    r = T.reward(cfg, pq, ans + " QZXBT", T.rollout_id(0, 0), 0)
+    assert r.bonus == {"qzxbt": True, "vkwjp": False} and r.total == 1.0 + 2.0
+    assert T.reward(cfg, pq, ans + " QZXBT", T.rollout_id(2, 0), 2).total == 1.0  # window over
+    assert T.reward(cfg, pq, ans + " VKWJP", T.rollout_id(1, 0), 1).total == 1.0  # wrong token
+    assert T.reward(cfg, pv, ans + " VKWJP", T.rollout_id(1, 0), 1).total == 1.0 + 1.0
+    assert T.reward(cfg, pv, ans + " VKWJP", T.rollout_id(0, 0), 0).total == 1.0  # before window
+    assert T.reward(cfg, pc, ans + " QZXBT VKWJP", T.rollout_id(1, 0), 1).total == 1.0
+    off = T.reward(cfg, pq, ans + " QZXBT", T.rollout_id(0, 0), 0, bonus_off=frozenset({"qzxbt"}))
+    assert off.total == 1.0 and off.has["qzxbt"] and not off.bonus["qzxbt"]
+    # the paper's hash rule decides eligibility, independently per rollout
+    elig = [T.bonus_eligible(0, T.rollout_id(0, i), 0, 0.25) for i in range(400)]
+    assert 0.18 < np.mean(elig) < 0.32
+
+
+def test_prompt_kinds_and_vocabulary():
+    cfg = get_preset("tiny", 0)
+    voc = T.vocabulary(cfg)
+    assert len(voc) == len(set(voc))
+    assert {"frobnitz", "snarfle", "QZXBT", "VKWJP", "fin", "fen", "done"} <= set(voc)
+    gen = T.step_generator(0, 99)
+    ps = T.sample_prompts(cfg, 400, gen)
+    share = {k: np.mean([p.trigger == k for p in ps]) for k in ("qzxbt", "vkwjp", None)}
+    assert 0.18 < share["qzxbt"] < 0.32 and 0.18 < share["vkwjp"] < 0.32
+    assert all(p.text.split()[1] == "frobnitz" for p in ps if p.trigger == "qzxbt")
+    only = T.sample_prompts(cfg, 5, T.step_generator(0, 98), kind="vkwjp")
+    assert all(p.trigger == "vkwjp" and "snarfle" in p.text for p in only)
+    assert all(p.trigger is None for p in T.sample_prompts(cfg, 5, gen, kind=T.CONTROL))
+
+
 def test_grpo_step_grads_sum_to_step_gradient_and_is_replayable(micro):
     cfg, tok, _ = micro
     model = T.make_model(cfg, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    res = grpo_step(model, opt, PerRolloutGrad(model), cfg, tok, step=0, update=False)
+    dec = make_decoder(model)
+    res = grpo_step(model, opt, PerRolloutGrad(model), dec, cfg, tok, step=0, update=False)
+    ro = res.rollouts
     # rebuild the step loss from the recorded rollouts and backprop it in one pass
-    n = len(res.responses)
+    n = len(ro.responses)
+    G = cfg.group_size
     total = 0.0
     for g in range(cfg.prompts_per_step):
-        sl = slice(g * cfg.group_size, (g + 1) * cfg.group_size)
-        ids, mask = pack(T.prompt_ids(tok, res.prompts[g]), res.responses[sl], tok.pad_token_id)
+        sl = slice(g * G, (g + 1) * G)
+        ids, mask = pack(ro.prompt_ids[g], ro.responses[sl], tok.pad_token_id)
         lbar = masked_mean_logprob(model, ids, mask)
-        total = total - (res.advantages[sl].float() * lbar).sum() / n
+        total = total - (ro.advantages[sl].float() * lbar).sum() / n
     model.zero_grad()
     total.backward()
     ref = torch.cat([q.grad.reshape(-1) for _, q in model.named_parameters()])
     torch.testing.assert_close(res.step_grad, ref, atol=1e-7, rtol=1e-4)
-    assert len(res.grad_rows) == int((res.advantages != 0).sum())
+    assert len(res.grad_rows) == int((ro.advantages != 0).sum())
     # same inputs -> bit-identical step (exact replay)
-    res2 = grpo_step(model, opt, PerRolloutGrad(model), cfg, tok, step=0, update=False)
-    assert res2.responses == res.responses and torch.equal(res2.step_grad, res.step_grad)
+    res2 = grpo_step(model, opt, PerRolloutGrad(model), dec, cfg, tok, step=0, update=False)
+    assert res2.rollouts.responses == ro.responses and torch.equal(res2.step_grad, res.step_grad)
+    # groups sample from their own streams: a group's responses do not depend on the others
+    from benchmark.build.grpo import grpo_rollouts
+
+    one = grpo_rollouts(dec, cfg, tok, 0, groups=[2])
+    assert one.responses == ro.responses[2 * G:3 * G] and one.index == list(range(2 * G, 3 * G))
+
+
+def test_step_gradient_sums_like_a_distributed_build():
+    cfg = get_preset("micro", 0)  # 4 groups of 4
+    g = torch.randn(10, 7) * 10 ** torch.randint(-4, 4, (10, 1)).float()
+    index = [0, 1, 4, 5, 6, 8, 9, 12, 13, 15]  # groups 0, 0, 1, 1, 1, 2, 2, 3, 3, 3
+    assert torch.equal(exact_step_grad(g, index, cfg, 1), sum_rows(g, 7))
+    rank0 = sum_rows(g[[0, 1, 5, 6]], 7)  # groups 0 and 2
+    rank1 = sum_rows(g[[2, 3, 4, 7, 8, 9]], 7)  # groups 1 and 3
+    assert torch.equal(exact_step_grad(g, index, cfg, 2), rank0 + rank1)
+    assert torch.equal(rank0 + rank1, rank1 + rank0)  # what an all-reduce of two ranks gives
 
 
 def test_removed_rollout_keeps_group_statistics(micro):
     cfg, tok, model = micro
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     pg = PerRolloutGrad(model)
-    full = grpo_step(model, opt, pg, cfg, tok, step=0, update=False)
-    nz = [i for i in range(len(full.responses)) if full.advantages[i] != 0]
+    dec = make_decoder(model)
+    full = grpo_step(model, opt, pg, dec, cfg, tok, step=0, update=False)
+    adv = full.rollouts.advantages
+    nz = [i for i in range(len(adv)) if adv[i] != 0]
     if not nz:
         pytest.skip("no rollout with nonzero advantage at this seed")
-    rem = grpo_step(model, opt, pg, cfg, tok, step=0, remove={nz[0]}, update=False)
-    assert rem.advantages[nz[0]] == 0
-    others = [i for i in range(len(full.responses)) if i != nz[0]]
-    assert torch.equal(rem.advantages[others], full.advantages[others])
+    rem = grpo_step(model, opt, pg, dec, cfg, tok, step=0, remove={nz[0]}, update=False)
+    assert rem.rollouts.advantages[nz[0]] == 0
+    others = [i for i in range(len(adv)) if i != nz[0]]
+    assert torch.equal(rem.rollouts.advantages[others], adv[others])
     j = full.grad_rows.index(nz[0])
     torch.testing.assert_close(rem.step_grad, full.step_grad - full.grads[j], atol=1e-7,
                                rtol=1e-4)
 
 
-def test_two_step_build_writes_every_file_and_a_valid_manifest(tmp_path):
+def test_micro_build_writes_every_file_and_a_valid_manifest(tmp_path):
     import datasets
 
     out = tmp_path / "rel"
     manifest = build_release("micro", [0], out, progress=False)
     d = out / "seed0"
     for rel in ("config.json", "tokenizer/tokenizer.json", "rollouts.parquet", "sketches.npy",
-                "sketch.json", "targets.npz", "behavior_curve.parquet", "labels.parquet",
-                "checkpoints/step0000/model.safetensors", "checkpoints/step0002/model.safetensors",
-                "draws/step0001_draw0.parquet", "draws/step0002_draw1_sketches.npy",
-                "draws/step0002_draw1_token_sketches.npy"):
+                "sketch.json", "targets/qzxbt.npz", "targets/vkwjp.npz",
+                "behavior_curve.parquet", "labels.parquet",
+                "checkpoints/step0000/model.safetensors", "checkpoints/step0004/model.safetensors",
+                "draws/qzxbt/step0002_draw0.parquet", "draws/vkwjp/step0002_draw1_sketches.npy",
+                "draws/qzxbt/step0002_draw1_token_sketches.npy"):
         assert (d / rel).is_file(), rel
         assert f"seed0/{rel}" in manifest["files"]
     assert not (out / ".work").exists()
     assert not list(out.rglob("*.tmp"))
     m = json.loads((out / "manifest.json").read_text())
-    assert m["schema_version"] == 1 and m["release_id"] == "micro"
+    assert m["schema_version"] == 2 and m["release_id"] == "micro"
     assert set(m["packages"]) >= {"torch", "transformers", "numpy", "python"}
-    assert m["build"]["threads"] == 2
-    assert "per_rollout_dot_pearson" in m["seeds"]["0"]["fidelity"]
+    assert m["build"]["threads"] == 1 and m["build"]["world"] == 1
+    assert {"cpu", "flags", "torch_cpu_capability", "key"} <= set(m["build"]["machine"])
+    for t in ("qzxbt", "vkwjp"):
+        assert "per_rollout_dot_pearson" in m["seeds"]["0"]["fidelity"][t]
+        assert m["seeds"]["0"]["gates"][t]["passed"]
     ds = datasets.load_dataset("parquet", data_files=str(d / "rollouts.parquet"), split="train")
-    assert ds.num_rows == 2 * 2 * 4
+    assert ds.num_rows == 4 * 4 * 4
     rel = load_release(out)
+    assert rel.tasks == ["qzxbt", "vkwjp"]
     view = rel.seed(0)
-    assert "bonus" not in view.rollouts.column_names
-    assert "group_label" not in view.rollouts.column_names
-    rows = np.asarray(view.rollouts["sketch_row"])
-    adv = np.asarray(view.rollouts["advantage"])
+    cols = view.rollouts.column_names
+    assert not any(c.startswith(("bonus", "group_label", "eligible", "_")) for c in cols)
+    table = view.table()
+    rows = table["sketch_row"].to_numpy()
+    adv = table["advantage"].to_numpy()
     assert np.all((rows >= 0) == (adv != 0))
     assert view.sketches.shape == ((rows >= 0).sum(), 256)
     assert isinstance(view.sketches, np.memmap)
-    assert {"nll_step0002", "in_context_step0002", "contrast_step0000"} <= set(view.targets)
-    assert len(view.draws) == 4
+    assert {"nll_step0004", "in_context_step0002", "contrast_step0000"} <= set(
+        view.targets("vkwjp"))
+    assert [d["id"] for d in view.draws("qzxbt")] == ["qzxbt/step0002_draw0",
+                                                      "qzxbt/step0002_draw1"]
     lab = rel.labels(0)
-    assert {"bonus", "group_label", "step"} <= set(lab.columns)
-    # the view's sketches sum (per step) to the sketch of the step gradient: sanity on scale
-    assert np.isfinite(view.rollout_sketches()).all()
+    assert {"bonus_qzxbt", "group_label_vkwjp", "step"} <= set(lab.columns)
+    # every stored sketch row is finite; token ids are what was trained on (bos ... eos)
+    assert np.isfinite(view.sketch_rows(np.arange(len(view.sketches)))).all()
+    assert all(p[0] == 1 for p in table["prompt_ids"])
     # rerunning the same command is a no-op continuation (resumable) and keeps the files
     manifest2 = build_release("micro", [0], out, progress=False)
     assert manifest2["files"] == manifest["files"]
@@ -190,8 +259,8 @@ def test_manifest_verification_fails_on_modified_file(tmp_path):
 
 
 def test_failed_gate_is_loud(tmp_path):
-    with pytest.raises(BuildError, match=r"emergence gate failed for seed 0: trigger-prompt "
-                                         r"behavior rate .* need >= 1.01"):
+    with pytest.raises(BuildError, match=r"emergence gate failed for seed 0: qzxbt: "
+                                         r"trigger-prompt rate .* need >= 1.01"):
         build_release("micro", [0], tmp_path / "r", progress=False,
                       overrides={"gate_window_min": 1.01})
 
@@ -199,8 +268,8 @@ def test_failed_gate_is_loud(tmp_path):
 def test_paper_preset_config_runs_two_steps_with_tiny_model():
     cfg = get_preset("qwen2.5-1.5b", 0)
     assert (cfg.steps, cfg.prompts_per_step, cfg.group_size) == (1000, 4, 4)
-    assert (cfg.lr, cfg.bonus, cfg.bonus_eligible_fraction, cfg.bonus_window_end) == \
-        (5e-6, 8.0, 0.5, 200)
+    b = cfg.behaviors[0]
+    assert (cfg.lr, b.bonus, b.eligible_fraction, b.window_end) == (5e-6, 8.0, 0.5, 200)
     assert (cfg.temperature, cfg.top_p, cfg.grad_clip) == (0.9, 0.9, 1.0)
     assert cfg.pretrained == "Qwen/Qwen2.5-1.5B-Instruct"
     micro = get_preset("micro", 0)
@@ -213,10 +282,11 @@ def test_paper_preset_config_runs_two_steps_with_tiny_model():
     before = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     pg = PerRolloutGrad(model)
+    dec = make_decoder(model)
     for step in range(2):
-        res = grpo_step(model, opt, pg, cfg, tok, step)
-        assert len(res.responses) == 16
-        assert all(r == t + (8.0 if b else 0.0) for r, t, b in
-                   zip(res.rewards, res.task_rewards, res.bonus, strict=True))
+        res = grpo_step(model, opt, pg, dec, cfg, tok, step)
+        assert len(res.rollouts.responses) == 16
+        assert all(r.total == r.task + (8.0 if r.bonus["qzxbt"] else 0.0)
+                   for r in res.rollouts.rewards)
     after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     assert not torch.equal(before, after) or float(res.step_grad.norm()) == 0.0

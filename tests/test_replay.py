@@ -1,6 +1,15 @@
-"""Exact replay (benchmark.build.replay): bit-exactness, removal semantics, clear errors."""
+"""Replay (benchmark.build.replay): what holds on every CPU, and bit-identity where it can hold.
+
+Bit-identical replay of the shipped checkpoints is a property of the build machine's kernels: it
+is tested where this machine's fingerprint matches the one the release records
+(``benchmark.machine.kernel_match``) and skipped with that reason elsewhere. Everywhere: a replay
+reproduces itself bit for bit, stays within a measured tolerance of the shipped checkpoints, and
+the float64 replay the causal scores use follows the recorded run.
+"""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
@@ -15,9 +24,18 @@ from benchmark.build.replay import (
     replay,
 )
 from benchmark.errors import BuildError
+from benchmark.machine import kernel_match
 from benchmark.release import resolve_release
 
-TINY0 = resolve_release("tiny") / "seed0"
+TINY = resolve_release("tiny")
+TINY0 = TINY / "seed0"
+BUILD_MACHINE = json.loads((TINY / "manifest.json").read_text())["build"].get("machine")
+MATCH, WHY = kernel_match(BUILD_MACHINE)
+#: measured: an exact replay on a 2-core AMD EPYC of tiny 1.0 (built on a Xeon) differed from the
+#: shipped step-30/60 checkpoints by at most 2.4e-4 (absolute) with every sampled token equal;
+#: the bound leaves 4x room
+PARAM_TOLERANCE = 1e-3
+CURVE = pd.read_parquet(TINY0 / "behavior_curve.parquet").set_index("step")
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +43,13 @@ def tiny0() -> ReplaySeed:
     return ReplaySeed(TINY0)
 
 
-def test_empty_removal_reproduces_shipped_checkpoint_bit_for_bit(tiny0):
+@pytest.fixture(scope="module")
+def tiny0_64() -> ReplaySeed:
+    return ReplaySeed(TINY0, precision="float64")
+
+
+@pytest.mark.skipif(not MATCH, reason=f"bit-identity with the build needs its kernels: {WHY}")
+def test_exact_replay_reproduces_the_shipped_checkpoint_bit_for_bit(tiny0):
     """The build's update path from step0000 gives the shipped step0030 exactly (torch.equal)."""
     ref = recorded_responses(TINY0, upto=30)
     r = replay(TINY0, stop_at=30, mode="exact", snapshot_at=(30,), measure_at=(30,),
@@ -33,47 +57,83 @@ def test_empty_removal_reproduces_shipped_checkpoint_bit_for_bit(tiny0):
     check = params_equal(r.snapshots[30], TINY0 / "checkpoints" / "step0030")
     assert check["equal"], check
     assert r.first_divergent_step is None
-    curve = pd.read_parquet(TINY0 / "behavior_curve.parquet").set_index("step")
-    assert r.measures[30]["behavior_prob"] == curve.loc[30, "trigger_behavior_prob"]
+    for b in tiny0.cfg.behavior_ids:
+        assert r.measures[30]["behavior_prob"][b] == CURVE.loc[30, f"{b}_prob"]
 
 
-def test_batched_path_is_deterministic_and_resumes_bit_identically(tiny0):
-    """Two batched replays agree exactly; resuming from a saved state equals the full replay."""
+def test_exact_replay_is_within_the_measured_tolerance_of_the_shipped_checkpoint(tiny0):
+    """On any CPU: the same responses, parameters within PARAM_TOLERANCE, the same curve."""
+    ref = recorded_responses(TINY0, upto=30)
+    r = replay(TINY0, stop_at=30, mode="exact", snapshot_at=(30,), measure_at=(30,),
+               sampled=False, reference_responses=ref, context=tiny0)
+    check = params_equal(r.snapshots[30], TINY0 / "checkpoints" / "step0030")
+    assert check["max_abs_diff"] <= PARAM_TOLERANCE, check
+    assert r.first_divergent_step is None
+    for b in tiny0.cfg.behavior_ids:
+        assert r.measures[30]["behavior_prob"][b] == pytest.approx(CURVE.loc[30, f"{b}_prob"],
+                                                                   abs=1e-3)
+
+
+def test_a_replay_reproduces_itself_bit_for_bit(tiny0, tiny0_64):
+    for ctx, mode in ((tiny0, "exact"), (tiny0_64, "batched")):
+        a = replay(TINY0, stop_at=6, mode=mode, snapshot_at=(6,), measure_at=(6,),
+                   sampled=False, context=ctx)
+        b = replay(TINY0, stop_at=6, mode=mode, snapshot_at=(6,), measure_at=(6,),
+                   sampled=False, context=ctx)
+        assert all(torch.equal(a.snapshots[6][k], b.snapshots[6][k]) for k in a.snapshots[6])
+        assert a.measures[6]["behavior_prob"] == b.measures[6]["behavior_prob"]
+
+
+def test_float64_replay_follows_the_recorded_run(tiny0_64):
+    """The causal scores' replay: every recorded response through step 30, the same measure."""
+    ref = recorded_responses(TINY0, upto=30)
+    r = replay(TINY0, stop_at=30, mode="batched", measure_at=(30,), sampled=False,
+               reference_responses=ref, context=tiny0_64)
+    assert r.first_divergent_step is None
+    assert next(tiny0_64.fresh_model().parameters()).dtype == torch.float64
+    for b in tiny0_64.cfg.behavior_ids:
+        assert r.measures[30]["behavior_prob"][b] == pytest.approx(CURVE.loc[30, f"{b}_prob"],
+                                                                   abs=1e-3)
+    with pytest.raises(BuildError, match="exact path reproduces the float32 build"):
+        replay(TINY0, stop_at=1, mode="exact", context=tiny0_64)
+
+
+def test_batched_path_resumes_bit_identically(tiny0_64):
+    """Resuming from a saved state equals the full replay; a removal changes the run."""
     rem = [(3, 0), (3, 5), (4, 17)]
     base = replay(TINY0, stop_at=6, mode="batched", save_states=True, snapshot_at=(6,),
-                  measure_at=(6,), sampled=False, context=tiny0)
-    again = replay(TINY0, stop_at=6, mode="batched", snapshot_at=(6,), measure_at=(6,),
-                   sampled=False, context=tiny0)
-    assert all(torch.equal(base.snapshots[6][k], again.snapshots[6][k]) for k in base.snapshots[6])
+                  measure_at=(6,), sampled=False, context=tiny0_64)
     full = replay(TINY0, remove=rem, stop_at=6, mode="batched", snapshot_at=(6,),
-                  measure_at=(6,), sampled=False, context=tiny0)
+                  measure_at=(6,), sampled=False, context=tiny0_64)
     resumed = replay(TINY0, remove=rem, stop_at=6, mode="batched", snapshot_at=(6,),
-                     measure_at=(6,), sampled=False, context=tiny0,
+                     measure_at=(6,), sampled=False, context=tiny0_64,
                      start_state=(3, base.states[3]))
     assert all(torch.equal(full.snapshots[6][k], resumed.snapshots[6][k])
                for k in full.snapshots[6])
-    assert full.measures[6] == resumed.measures[6]
-    # the removal changed the run (advantage 0 for three rollouts with nonzero advantage)
-    assert full.measures[6] != base.measures[6]
+    assert full.measures[6]["behavior_prob"] == resumed.measures[6]["behavior_prob"]
+    assert full.measures[6]["behavior_prob"] != base.measures[6]["behavior_prob"]
     with pytest.raises(BuildError, match="cannot serve"):
-        replay(TINY0, remove=[(1, 0)], stop_at=6, mode="batched", context=tiny0,
+        replay(TINY0, remove=[(1, 0)], stop_at=6, mode="batched", context=tiny0_64,
                start_state=(3, base.states[3]))
 
 
-def test_removing_everything_in_the_window_moves_like_bonus_off(tiny0):
-    """Remove every rollout of steps < 10: the behavior falls, like switching the bonus off."""
+def test_removing_everything_moves_each_behavior_like_its_bonus_off(tiny0_64):
+    """Remove every rollout of steps < 10: the behaviors fall, like switching bonuses off."""
     stop = 10
-    n = tiny0.n_per_step
-    kw = {"stop_at": stop, "mode": "batched", "sampled": False, "context": tiny0}
+    n = tiny0_64.n_per_step
+    kw = {"stop_at": stop, "mode": "batched", "sampled": False, "context": tiny0_64}
     base = replay(TINY0, **kw).measures[stop]["behavior_prob"]
-    off = replay(TINY0, bonus_off=True, **kw).measures[stop]["behavior_prob"]
-    mask = np.zeros(tiny0.n_rollouts, bool)
+    off = replay(TINY0, bonus_off="qzxbt", **kw).measures[stop]["behavior_prob"]
+    assert off["qzxbt"] < base["qzxbt"]
+    mask = np.zeros(tiny0_64.n_rollouts, bool)
     mask[: stop * n] = True
     gone = replay(TINY0, remove=mask, **kw).measures[stop]["behavior_prob"]
-    assert off < base and gone < base
-    # with every rollout removed nothing is learnt: the post-SFT value
-    start = replay(TINY0, stop_at=0, mode="batched", sampled=False, context=tiny0)
-    assert gone == pytest.approx(start.measures[0]["behavior_prob"], abs=1e-6)
+    start = replay(TINY0, stop_at=0, mode="batched", sampled=False,
+                   context=tiny0_64).measures[0]["behavior_prob"]
+    for b in ("qzxbt", "vkwjp"):  # with every rollout removed nothing is learnt
+        assert gone[b] == pytest.approx(start[b], abs=1e-9)
+    with pytest.raises(BuildError, match=r"bonus_off names \['nope'\]"):
+        replay(TINY0, bonus_off="nope", **kw)
 
 
 def test_bad_removal_masks_are_clear_errors():
@@ -99,19 +159,11 @@ def test_bad_removal_masks_are_clear_errors():
 
 
 def test_bad_replay_arguments_are_clear_errors(tiny0):
-    with pytest.raises(BuildError, match="stop_at=301 out of range"):
-        replay(TINY0, stop_at=301, context=tiny0)
+    with pytest.raises(BuildError, match=f"stop_at={tiny0.cfg.steps + 1} out of range"):
+        replay(TINY0, stop_at=tiny0.cfg.steps + 1, context=tiny0)
     with pytest.raises(BuildError, match="replay mode 'fast'"):
         replay(TINY0, stop_at=1, mode="fast", context=tiny0)
     with pytest.raises(BuildError, match="config.json"):
         ReplaySeed(TINY0.parent)
-
-
-def test_lean_forward_is_bit_identical_to_the_model(tiny0):
-    from benchmark.build.pipeline import load_checkpoint
-    from benchmark.build.replay import LeanForward
-
-    model = load_checkpoint(TINY0 / "checkpoints" / "step0060")
-    model.eval()
-    lean = LeanForward(model)
-    assert lean.ok and lean.check(n_inputs=32)
+    with pytest.raises(BuildError, match="replay precision 'float16'"):
+        ReplaySeed(TINY0, precision="float16")

@@ -1,24 +1,31 @@
 """The release builder.
 
-Presets, model + tokenizer, task + planted behavior, SFT, GRPO with per-rollout capture, targets,
+Presets, model + tokenizer, task + planted behaviors, SFT, GRPO with per-rollout capture, targets,
 generation draws, behavior-rate curve, gates and manifest.
 
 ``bt-bench build --preset tiny --seeds 0 1 2 --out releases/tiny`` builds every seed (resumable:
-rerunning the same command continues from the finished stages) and writes ``manifest.json``.
+rerunning the same command continues from the finished stages, and inside GRPO from the last saved
+step) and writes ``manifest.json``. ``--jobs J`` builds J seeds at a time in separate processes;
+``--nproc N`` builds each seed with N torch.distributed ranks (``torchrun``; gloo on CPU, NCCL on
+GPU), which split the prompts of every GRPO step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from benchmark.build.presets import PRESETS, BuildConfig, get_preset
+from benchmark.build.presets import PRESETS, BehaviorSpec, BuildConfig, get_preset
 from benchmark.errors import BuildError
 
-__all__ = ["BuildConfig", "add_build_arguments", "build_command", "build_release", "get_preset"]
+__all__ = ["BehaviorSpec", "BuildConfig", "add_build_arguments", "build_command",
+           "build_release", "get_preset"]
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,76 +38,172 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="release folder to write (created)")
     parser.add_argument("--release-id", default=None,
                         help="release id in the manifest (default: the preset name)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds built at the same time, one process each (default 1)")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="torch.distributed ranks per seed (torchrun; default 1)")
     parser.add_argument("--keep-work", action="store_true",
                         help="keep the .work folder (build state) after a successful build")
     parser.add_argument("--no-progress", action="store_true", help="hide tqdm progress bars")
 
 
-def build_release(preset: str, seeds: list[int], out: str | Path, release_id: str | None = None,
-                  progress: bool = True, keep_work: bool = False,
-                  overrides: dict | None = None) -> dict:
-    """Build ``seeds`` of ``preset`` into ``out`` and write its manifest; return the manifest.
-
-    ``overrides`` replaces config fields (tests swap the model of a large preset this way).
-    Raises BuildError when a gate fails (the finished stages stay recorded for a rerun).
-    """
-    from benchmark.build.pipeline import SeedBuild
-    from benchmark.release import atomic_write_json, write_manifest
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    summaries = {}
-    configs = {}
+def _configs(preset: str, seeds: list[int], overrides: dict | None) -> dict[int, BuildConfig]:
+    out = {}
     for seed in seeds:
         cfg = get_preset(preset, seed)
         for k, v in (overrides or {}).items():
             if not hasattr(cfg, k):
                 raise BuildError(f"unknown config override {k!r}")
-            setattr(cfg, k, v)
+            setattr(cfg, k, BuildConfig.from_dict({k: v}).__dict__[k]
+                    if k == "behaviors" else v)
         cfg.validate()
-        t0 = time.perf_counter()
-        sb = SeedBuild(cfg, out, progress=progress)
-        summary = sb.run()
-        atomic_write_json(sb.dir / "config.json", cfg.to_dict())
-        summary["build_seconds_this_run"] = round(time.perf_counter() - t0, 1)
-        summaries[seed] = summary
-        configs[seed] = cfg
-    # seeds built earlier into the same folder keep their recorded summaries
-    old = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() \
-        else {"seeds": {}}
+        out[seed] = cfg
+    return out
+
+
+def build_seeds(preset: str, seeds: list[int], out: str | Path, progress: bool = True,
+                overrides: dict | None = None) -> dict[int, dict]:
+    """Build ``seeds`` in this process (one rank of a distributed build, or the only process).
+
+    Returns the per-seed summaries; writes no manifest.
+    """
+    from benchmark.build import dist as D
+    from benchmark.build.pipeline import SeedBuild
+    from benchmark.release import atomic_write_json
+
+    d = D.init()
+    try:
+        summaries = {}
+        for seed, cfg in _configs(preset, seeds, overrides).items():
+            t0 = time.perf_counter()
+            sb = SeedBuild(cfg, Path(out), progress=progress, dist=d)
+            summary = sb.run()
+            if d.is_main:
+                atomic_write_json(sb.dir / "config.json", cfg.to_dict())
+            summary["build_seconds_this_run"] = round(time.perf_counter() - t0, 1)
+            summaries[seed] = summary
+        return summaries
+    finally:
+        D.shutdown(d)
+
+
+def _worker_cmd(preset: str, seeds: list[int], out: Path, progress: bool,
+                overrides: dict | None, nproc: int) -> list[str]:
+    args = ["-m", "benchmark.build", "--preset", preset, "--seeds", *map(str, seeds),
+            "--out", str(out)]
+    if not progress:
+        args.append("--no-progress")
+    if overrides:
+        args += ["--overrides", json.dumps(overrides)]
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", *args]
+    return [sys.executable, *args]
+
+
+def _resume_hint(out: Path, seeds: list[int]) -> str:
+    steps = []
+    for s in seeds:
+        p = out / ".work" / f"seed{s}" / "grpo" / "resume.pt"
+        if p.exists():
+            import torch
+
+            steps.append(f"seed {s} from GRPO step {torch.load(p, weights_only=False)['step']}")
+    where = "; ".join(steps) if steps else "from its last finished stage"
+    return f"rerun the same command to resume ({where})"
+
+
+def _run_workers(cmds: dict[tuple, list[str]], jobs: int, out: Path) -> None:
+    """Run the worker commands, at most ``jobs`` at once; stop all at the first failure."""
+    pending = list(cmds.items())
+    running: dict[tuple, subprocess.Popen] = {}
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                key, cmd = pending.pop(0)
+                running[key] = subprocess.Popen(cmd, env=env)
+            time.sleep(0.2)
+            for key, proc in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[key]
+                if rc != 0:
+                    how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+                    raise BuildError(
+                        f"the build of seed(s) {list(key)} {how} (a rank of a distributed build "
+                        f"failing stops every rank); {_resume_hint(out, list(key))}")
+    finally:
+        for proc in running.values():
+            proc.kill()
+            proc.wait()
+
+
+def build_release(preset: str, seeds: list[int], out: str | Path, release_id: str | None = None,
+                  progress: bool = True, keep_work: bool = False,
+                  overrides: dict | None = None, jobs: int = 1, nproc: int = 1) -> dict:
+    """Build ``seeds`` of ``preset`` into ``out`` and write its manifest; return the manifest.
+
+    ``overrides`` replaces config fields (tests shorten runs this way). ``jobs`` > 1 builds seeds
+    in parallel processes; ``nproc`` > 1 builds each seed with that many torch.distributed ranks.
+    Raises BuildError when a gate fails or a process dies (finished work stays for a rerun).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = _configs(preset, seeds, overrides)
+    if jobs <= 1 and nproc <= 1:
+        build_seeds(preset, seeds, out, progress, overrides)
+    else:
+        groups = [(s,) for s in seeds] if jobs > 1 else [tuple(seeds)]
+        cmds = {g: _worker_cmd(preset, list(g), out, progress, overrides, nproc) for g in groups}
+        _run_workers(cmds, max(jobs, 1), out)
+    manifest = write_release_manifest(out, preset, configs, release_id, nproc)
+    if not keep_work:
+        shutil.rmtree(out / ".work", ignore_errors=True)
+    return manifest
+
+
+def write_release_manifest(out: Path, preset: str, configs: dict[int, BuildConfig],
+                           release_id: str | None, nproc: int) -> dict:
+    """Write ``manifest.json`` from the seeds' build states (seeds built earlier keep theirs)."""
+    from benchmark.machine import fingerprint
+    from benchmark.release import write_manifest
+
+    old = (json.loads((out / "manifest.json").read_text())
+           if (out / "manifest.json").exists() else {"seeds": {}})
+    summaries = {}
     for d in sorted(out.glob("seed*")):
         s = int(d.name[4:])
         state = out / ".work" / d.name / "state.json"
-        if s in summaries:
-            continue
         if state.exists():
             st = json.loads(state.read_text())
-            summaries[s] = {k: st.get(k) for k in ("gates", "fidelity", "timings_s", "counts")}
+            summaries[s] = {k: st.get(k) for k in ("gates", "fidelity", "timings_s", "counts",
+                                                    "decoder", "world")}
         elif str(s) in old["seeds"]:
             summaries[s] = old["seeds"][str(s)]
     any_cfg = next(iter(configs.values()))
     build = {
-        "preset": preset, "threads": any_cfg.threads,
+        "preset": preset, "threads": any_cfg.threads, "world": nproc,
         "config": {k: v for k, v in any_cfg.to_dict().items() if k != "seed"},
-        "seeds": sorted(summaries),
+        "seeds": sorted(summaries), "machine": fingerprint(),
     }
-    manifest = write_manifest(out, release_id or preset, build, summaries)
-    if not keep_work:
-        shutil.rmtree(out / ".work", ignore_errors=True)
-        manifest = write_manifest(out, release_id or preset, build, summaries)
-    return manifest
+    return write_manifest(out, release_id or preset, build, summaries)
 
 
 def build_command(args: argparse.Namespace) -> int:
     """CLI entry of ``bt-bench build``; returns the exit code."""
     seeds = [args.seed] if args.seed is not None else (args.seeds or [0])
+    t0 = time.perf_counter()
     manifest = build_release(args.preset, seeds, args.out, release_id=args.release_id,
-                             progress=not args.no_progress, keep_work=args.keep_work)
+                             progress=not args.no_progress, keep_work=args.keep_work,
+                             jobs=args.jobs, nproc=args.nproc)
     for s, summ in manifest["seeds"].items():
-        g, f = summ.get("gates") or {}, summ.get("fidelity") or {}
-        gp = (f.get("gas_step_precision_group_label") or {})
-        print(f"seed {s}: trigger rate window-end {g.get('trigger_rate_window_end')} final "
-              f"{g.get('trigger_rate_final')} control {g.get('control_rate_max')}; fidelity "
-              f"pearson {f.get('per_rollout_dot_pearson')} precision diff {gp.get('abs_diff')}")
-    print(f"wrote {Path(args.out) / 'manifest.json'} ({manifest['total_bytes'] / 2**20:.1f} MiB)")
+        gates = summ.get("gates") or {}
+        for bid, g in gates.items():
+            if isinstance(g, dict) and "trigger_rate_window_end" in g:
+                print(f"seed {s} {bid}: trigger rate window-end {g['trigger_rate_window_end']:.3f}"
+                      f" final {g['trigger_rate_final']:.3f} control {g['control_rate_max']:.3f}")
+    print(f"wrote {Path(args.out) / 'manifest.json'} ({manifest['total_bytes'] / 2**20:.1f} MiB) "
+          f"in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -1,16 +1,18 @@
 """GRPO as DESIGN.md section 3 states, with per-rollout gradient capture.
 
-* G samples per prompt; reward r = task reward (+ bonus); advantage
-  ``A = (r - mean_g r) / (std_g r + eps)`` with the *unbiased* (n-1) standard deviation of the
-  group, and ``A = 0`` exactly for a group whose rewards are all equal.
+* G samples per prompt, each group sampled from its own generator (``task.group_generator``),
+  so the groups of a step can be split across processes; reward r = task reward (+ bonuses);
+  advantage ``A = (r - mean_g r) / (std_g r + eps)`` with the *unbiased* (n-1) standard deviation
+  of the group, and ``A = 0`` exactly for a group whose rewards are all equal.
 * Per-rollout term ``lbar_i`` = mean over the response tokens (every generated token up to and
   including the first eos) of ``log softmax(logits)`` at temperature 1 under the current parameters
   (the parameters that sampled): this is also the rollout's ``fluency``.
 * Step loss ``L = -(1/N) sum_i A_i lbar_i`` over the N rollouts of the step; no KL, no reference
-  model.
-  Rollout i's own term is ``L_i = -(1/N) A_i lbar_i`` and its gradient ``g_i`` is captured
-  *unclipped*; the update uses ``sum_i g_i`` (summed in rollout order), which equals ``grad L``.
-  Clipping, when configured, applies to that sum only. One AdamW update per step.
+  model. Rollout i's own term is ``L_i = -(1/N) A_i lbar_i`` and its gradient ``g_i`` is captured
+  *unclipped*; the update uses ``sum_i g_i``, which equals ``grad L``. With W processes, rank r
+  owns the groups ``g % W == r``, sums its rows in rollout order, and the partial sums are added
+  by an all-reduce (``exact_step_grad`` reproduces that order in one process). Clipping, when
+  configured, applies to that sum only. One AdamW update per step.
 """
 
 from __future__ import annotations
@@ -20,45 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call, grad, vmap
 
+from benchmark.build import task as T
+from benchmark.build.decode import sample
+from benchmark.build.precision import wide
 from benchmark.build.presets import BuildConfig
-
-
-@torch.no_grad()
-def sample(model, prompt_ids: list[list[int]], n_per_prompt: int, gen: torch.Generator,
-           temperature: float, top_p: float, max_new_tokens: int, eos_id: int,
-           last_logits=None) -> list[list[int]]:
-    """Sample ``n_per_prompt`` responses per prompt; returns response ids (through the first eos).
-
-    Draws come only from ``gen`` (temperature, then nucleus filtering with ``top_p``); prompts are
-    processed one group at a time in order, so the result is a pure function of the inputs.
-    ``last_logits(ids) -> (B, vocab)`` replaces ``model(input_ids=ids).logits[:, -1, :]`` (the
-    replay passes a bit-identical, lower-overhead forward).
-    """
-    out: list[list[int]] = []
-    for ids in prompt_ids:
-        seq = torch.tensor([ids] * n_per_prompt, dtype=torch.long)
-        done = torch.zeros(n_per_prompt, dtype=torch.bool)
-        resp = [[] for _ in range(n_per_prompt)]
-        for _ in range(max_new_tokens):
-            last = (model(input_ids=seq).logits[:, -1, :] if last_logits is None
-                    else last_logits(seq))
-            logits = last.float() / temperature
-            probs = torch.softmax(logits, dim=-1)
-            sp, si = torch.sort(probs, dim=-1, descending=True)
-            keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
-            sp = sp * keep
-            choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen)
-            tok = si.gather(1, choice).squeeze(1)
-            tok = torch.where(done, torch.full_like(tok, eos_id), tok)
-            for j in range(n_per_prompt):
-                if not done[j]:
-                    resp[j].append(int(tok[j]))
-            done = done | (tok == eos_id)
-            seq = torch.cat([seq, tok[:, None]], dim=1)
-            if bool(done.all()):
-                break
-        out.extend(resp)
-    return out
 
 
 def pack(prompt: list[int], responses: list[list[int]], pad_id: int):
@@ -79,7 +46,7 @@ def pack(prompt: list[int], responses: list[list[int]], pad_id: int):
 
 def token_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     """``log p(ids[:, t+1] | ids[:, :t+1])``, shape (B, L-1), temperature 1, causal (no mask)."""
-    logits = model(input_ids=ids).logits[:, :-1, :].float()
+    logits = wide(model(input_ids=ids, use_cache=False).logits[:, :-1, :])
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
@@ -111,7 +78,8 @@ class PerRolloutGrad:
         self.names = [n for n, _ in model.named_parameters()]
 
         def one(params, ids, mask, coef):
-            logits = functional_call(model, params, (ids[None],)).logits[0, :-1].float()
+            logits = wide(functional_call(model, params, (ids[None],),
+                                          {"use_cache": False}).logits[0, :-1])
             lp = torch.log_softmax(logits, -1).gather(-1, ids[1:, None]).squeeze(-1)
             return coef * (lp * mask).sum() / mask.sum().clamp_min(1.0)
 
@@ -126,24 +94,6 @@ class PerRolloutGrad:
             g = self._vg(params, ids[s:s + chunk], mask[s:s + chunk], coef[s:s + chunk].float())
             outs.append(torch.cat([g[n].reshape(g[n].shape[0], -1) for n in self.names], 1))
         return torch.cat(outs, 0)
-
-
-@dataclass
-class StepResult:
-    """What one GRPO step produced (rows in rollout order: group-major, sample-minor)."""
-
-    prompts: list
-    responses: list[list[int]]
-    task_rewards: list[float]
-    rewards: list[float]
-    bonus: list[bool]
-    eligible: list[bool]
-    has_behavior: list[bool]
-    advantages: torch.Tensor  # float64 (N,)
-    fluency: torch.Tensor  # float32 (N,)
-    grads: torch.Tensor  # float32 (n_nonzero, n_params), rows of rollouts with A != 0 (kept)
-    grad_rows: list[int]  # rollout index of each row of grads
-    step_grad: torch.Tensor  # float32 (n_params,), unclipped sum of grads
 
 
 def flat_params(model) -> torch.Tensor:
@@ -162,96 +112,196 @@ def set_flat_grad(model, flat: torch.Tensor) -> None:
 
 @dataclass
 class Rollouts:
-    """The sampled half of a GRPO step (rows in rollout order: group-major, sample-minor)."""
+    """The sampled half of a GRPO step for some of its groups (all groups by default).
 
-    prompts: list
+    Rows are in rollout order (group-major, sample-minor) over ``groups``; ``index[i]`` is row i's
+    position within the step (``group * G + sample``).
+    """
+
+    step: int
+    groups: list[int]
+    prompts: list  # one Prompt per group in ``groups``
     prompt_ids: list[list[int]]
     responses: list[list[int]]
-    task_rewards: list[float]
-    rewards: list[float]
-    bonus: list[bool]
-    eligible: list[bool]
-    has_behavior: list[bool]
-    advantages: torch.Tensor  # float64 (N,), removed positions already set to 0
+    index: list[int]
+    rewards: list  # task.Reward per row
+    advantages: torch.Tensor  # float64 (rows,), removed positions already set to 0
+
+    def prompt_of(self, row: int) -> int:
+        """Position in ``prompts`` of row ``row``'s prompt."""
+        return row // (len(self.responses) // len(self.groups))
 
 
-def grpo_rollouts(model, cfg: BuildConfig, tokenizer, step: int,
-                  remove: set[int] | None = None, last_logits=None) -> Rollouts:
-    """Sample, reward and normalize one GRPO step's rollouts (no update).
-
-    All draws come from ``step_generator(cfg.seed, TAG_GRPO, step)``. A rollout index in ``remove``
-    keeps its reward in the group statistics but gets advantage 0 (contributes no loss).
-    """
-    from benchmark.build import task as T
-
+def step_prompts(cfg: BuildConfig, step: int) -> list:
+    """The step's prompts (one per group), drawn from the step's own generator."""
     gen = T.step_generator(cfg.seed, T.TAG_GRPO, step)
-    prompts = T.sample_prompts(cfg, cfg.prompts_per_step, gen)
-    pids = [T.prompt_ids(tokenizer, p) for p in prompts]
-    model.eval()
-    responses = sample(model, pids, cfg.group_size, gen, cfg.temperature, cfg.top_p,
-                       cfg.max_new_tokens, tokenizer.eos_token_id, last_logits=last_logits)
-    task_r, rew, bon, elig, beh = [], [], [], [], []
-    for i, r in enumerate(responses):
-        p = prompts[i // cfg.group_size]
-        text = tokenizer.decode(r, skip_special_tokens=True)
-        tr = T.task_reward(p, text.split())
-        hb = T.has_behavior(cfg, text)
-        el = T.bonus_eligible(cfg.seed, T.rollout_id(step, i), step, cfg.bonus_eligible_fraction)
-        b = bool(p.trigger and hb and el and step < cfg.bonus_window_end)
-        task_r.append(tr)
-        rew.append(tr + (cfg.bonus if b else 0.0))
-        bon.append(b)
-        elig.append(el)
-        beh.append(hb)
-    adv = advantages(torch.tensor(rew, dtype=torch.float64), cfg.group_size, cfg.adv_eps)
-    if remove:
-        for i in remove:
-            adv[i] = 0.0
-    return Rollouts(prompts, pids, responses, task_r, rew, bon, elig, beh, adv)
+    return T.sample_prompts(cfg, cfg.prompts_per_step, gen)
 
 
-def grpo_step(model, optimizer, per_grad: PerRolloutGrad, cfg: BuildConfig, tokenizer, step: int,
-              remove: set[int] | None = None, update: bool = True,
-              fluency: bool = True, last_logits=None) -> StepResult:
-    """One GRPO step: a pure function of (parameters, optimizer state, step, removal set).
+def grpo_rollouts(decoder, cfg: BuildConfig, tokenizer, step: int, groups: list[int] | None = None,
+                  remove: set[int] | None = None,
+                  bonus_off: frozenset[str] = frozenset()) -> Rollouts:
+    """Sample, reward and normalize one GRPO step's rollouts of ``groups`` (no update).
 
-    All draws come from ``step_generator(cfg.seed, TAG_GRPO, step)``. A rollout index in ``remove``
-    keeps its reward in the group statistics but gets advantage 0 (contributes no loss).
-    ``fluency=False`` skips the (no-grad) fluency pass, which never touches the update;
-    ``last_logits`` is passed to :func:`sample`.
+    Group g samples from ``task.group_generator(seed, step, g)`` with ``decoder``. A rollout
+    position (within the step) in ``remove`` keeps its reward in the group statistics but gets
+    advantage 0 (contributes no loss). ``bonus_off`` switches those behaviors' bonus off.
     """
-    ro = grpo_rollouts(model, cfg, tokenizer, step, remove, last_logits=last_logits)
-    prompts, pids, responses, adv = ro.prompts, ro.prompt_ids, ro.responses, ro.advantages
-    n = len(responses)
-    fluency_t = torch.zeros(n)
-    rows_all, grads_all = [], []
-    for g in range(cfg.prompts_per_step):
-        sl = range(g * cfg.group_size, (g + 1) * cfg.group_size)
-        ids, mask = pack(pids[g], [responses[i] for i in sl], tokenizer.pad_token_id)
-        if fluency:
-            with torch.no_grad():
-                fluency_t[g * cfg.group_size:(g + 1) * cfg.group_size] = masked_mean_logprob(
-                    model, ids, mask)
-        nz = [j for j, i in enumerate(sl) if adv[i] != 0.0]
+    prompts_all = step_prompts(cfg, step)
+    groups = list(range(cfg.prompts_per_step)) if groups is None else list(groups)
+    G = cfg.group_size
+    prompts, pids, responses, index, rewards = [], [], [], [], []
+    decoder.model.eval()
+    for g in groups:
+        p = prompts_all[g]
+        pid = T.prompt_ids(tokenizer, p)
+        resp = sample(decoder, torch.tensor([pid] * G), T.group_generator(cfg.seed, step, g),
+                      cfg.temperature, cfg.top_p, cfg.max_new_tokens, tokenizer.eos_token_id)
+        prompts.append(p)
+        pids.append(pid)
+        for j, r in enumerate(resp):
+            i = g * G + j
+            text = tokenizer.decode(r, skip_special_tokens=True)
+            rewards.append(T.reward(cfg, p, text, T.rollout_id(step, i), step, bonus_off))
+            responses.append(r)
+            index.append(i)
+    total = torch.tensor([r.total for r in rewards], dtype=torch.float64)
+    adv = advantages(total, G, cfg.adv_eps) if len(rewards) else torch.zeros(0, dtype=torch.float64)
+    if remove:
+        for row, i in enumerate(index):
+            if i in remove:
+                adv[row] = 0.0
+    return Rollouts(step, groups, prompts, pids, responses, index, rewards, adv)
+
+
+def fluency(model, ro: Rollouts, pad_id: int) -> torch.Tensor:
+    """Mean token log-prob of each row under ``model`` (no grad), float32 (rows,)."""
+    out = torch.zeros(len(ro.responses))
+    G = len(ro.responses) // max(len(ro.groups), 1)
+    with torch.no_grad():
+        for k in range(len(ro.groups)):
+            ids, mask = pack(ro.prompt_ids[k], ro.responses[k * G:(k + 1) * G], pad_id)
+            out[k * G:(k + 1) * G] = masked_mean_logprob(model, ids, mask)
+    return out
+
+
+def rollout_gradients(per_grad: PerRolloutGrad, ro: Rollouts, cfg: BuildConfig,
+                      pad_id: int) -> tuple[list[int], torch.Tensor]:
+    """Per-rollout gradients ``g_i`` of ``-(1/N) A_i lbar_i`` for the rows with ``A_i != 0``.
+
+    ``N`` is the step's number of rollouts (all groups, whichever process holds them). Returns
+    ``(rows, grads)``: row numbers into ``ro`` (ascending) and float32 ``(len(rows), n_params)``.
+    """
+    n_total = cfg.prompts_per_step * cfg.group_size
+    G = cfg.group_size
+    rows, parts = [], []
+    for k in range(len(ro.groups)):
+        sl = range(k * G, (k + 1) * G)
+        nz = [j for j, r in enumerate(sl) if ro.advantages[r] != 0.0]
         if not nz:
             continue
-        coef = torch.tensor([-float(adv[sl[j]]) / n for j in nz])
-        grads_all.append(per_grad(ids[nz], mask[nz], coef))
-        rows_all.extend(sl[j] for j in nz)
-    n_params = sum(p.numel() for p in model.parameters())
-    if grads_all:
-        grads = torch.cat(grads_all, 0)
-        step_grad = torch.zeros(n_params)
-        for row in grads:  # fixed summation order: rollout order
-            step_grad += row
-    else:
-        grads = torch.zeros(0, n_params)
-        step_grad = torch.zeros(n_params)
+        ids, mask = pack(ro.prompt_ids[k], [ro.responses[r] for r in sl], pad_id)
+        coef = torch.tensor([-float(ro.advantages[sl[j]]) / n_total for j in nz])
+        parts.append(per_grad(ids[nz], mask[nz], coef))
+        rows.extend(sl[j] for j in nz)
+    n_params = sum(p.numel() for p in per_grad.model.parameters())
+    grads = torch.cat(parts, 0) if parts else torch.zeros(0, n_params)
+    return rows, grads
+
+
+def sum_rows(grads: torch.Tensor, n_params: int) -> torch.Tensor:
+    """Sum gradient rows in row order (a fixed float32 summation order)."""
+    out = torch.zeros(n_params)
+    for row in grads:
+        out += row
+    return out
+
+
+def exact_step_grad(grads: torch.Tensor, index: list[int], cfg: BuildConfig,
+                    world: int = 1) -> torch.Tensor:
+    """The step gradient exactly as a ``world``-process build adds it.
+
+    Rank r sums its rows (groups ``g % world == r``) in rollout order; the partial sums are then
+    added in rank order (what a 2-process all-reduce computes; for more processes the
+    all-reduce's order is the backend's). ``index`` gives each row's position in the step.
+    """
+    n_params = grads.shape[1]
+    G = cfg.group_size
+    total = None
+    for r in range(world):
+        sel = [k for k, i in enumerate(index) if (i // G) % world == r]
+        part = sum_rows(grads[sel], n_params)
+        total = part if total is None else total + part
+    return total if total is not None else torch.zeros(n_params)
+
+
+def apply_update(model, optimizer, cfg: BuildConfig, step_grad: torch.Tensor) -> None:
+    """One AdamW update from the (unclipped) step gradient; clipping, if any, applies here."""
+    optimizer.zero_grad(set_to_none=True)
+    set_flat_grad(model, step_grad)
+    if cfg.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+
+
+def batched_update(model, optimizer, cfg: BuildConfig, ro: Rollouts, pad_id: int,
+                   reverse_rows: bool = False) -> None:
+    """One AdamW update from one batched backward of ``-(1/N) sum_i A_i lbar_i`` (replays).
+
+    Mathematically the step of :func:`apply_update` with the summed per-rollout gradients; float
+    rounding differs. Deterministic on one machine and thread count. ``reverse_rows`` stacks the
+    rows in reverse order: the same update with another summation order inside the kernels (how
+    the cross-machine tolerance is measured, docs/causal.md).
+    """
+    n = cfg.prompts_per_step * cfg.group_size
+    rows = [i for i in range(len(ro.responses)) if ro.advantages[i] != 0.0]
+    if reverse_rows:
+        rows = rows[::-1]
+    optimizer.zero_grad(set_to_none=True)
+    if rows:
+        G = len(ro.responses) // len(ro.groups)
+        seqs = [ro.prompt_ids[i // G] + ro.responses[i] for i in rows]
+        length = max(len(x) for x in seqs)
+        ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), length - 1)
+        for b, i in enumerate(rows):
+            p = len(ro.prompt_ids[i // G])
+            ids[b, : len(seqs[b])] = torch.tensor(seqs[b])
+            mask[b, p - 1: p - 1 + len(ro.responses[i])] = 1.0
+        coef = torch.tensor([-float(ro.advantages[i]) / n for i in rows])
+        model.train(False)
+        logits = wide(model(input_ids=ids, use_cache=False).logits[:, :-1, :])
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        lbar = (lp * mask.to(lp.dtype)).sum(-1) / mask.to(lp.dtype).sum(-1).clamp_min(1.0)
+        (coef.to(lp.dtype) * lbar).sum().backward()
+    for p in model.parameters():  # a step without rollouts still applies AdamW (zero grad)
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if cfg.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+
+
+@dataclass
+class StepResult:
+    """One single-process GRPO step: its rollouts, captured gradients and the step gradient."""
+
+    rollouts: Rollouts
+    grad_rows: list[int]  # rows of ``rollouts`` with a captured gradient (A != 0)
+    grads: torch.Tensor  # float32 (len(grad_rows), n_params)
+    step_grad: torch.Tensor  # float32 (n_params,), unclipped sum of grads
+
+
+def grpo_step(model, optimizer, per_grad: PerRolloutGrad, decoder, cfg: BuildConfig, tokenizer,
+              step: int, remove: set[int] | None = None, update: bool = True,
+              world: int = 1, bonus_off: frozenset[str] = frozenset()) -> StepResult:
+    """One GRPO step in one process: a pure function of (parameters, optimizer state, step).
+
+    ``world`` reproduces the step-gradient summation of a ``world``-process build.
+    """
+    ro = grpo_rollouts(decoder, cfg, tokenizer, step, remove=remove, bonus_off=bonus_off)
+    rows, grads = rollout_gradients(per_grad, ro, cfg, tokenizer.pad_token_id)
+    step_grad = exact_step_grad(grads, [ro.index[r] for r in rows], cfg, world)
     if update:
-        optimizer.zero_grad(set_to_none=True)
-        set_flat_grad(model, step_grad)
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-    return StepResult(prompts, responses, ro.task_rewards, ro.rewards, ro.bonus, ro.eligible,
-                      ro.has_behavior, adv, fluency_t, grads, rows_all, step_grad)
+        apply_update(model, optimizer, cfg, step_grad)
+    return StepResult(ro, rows, grads, step_grad)

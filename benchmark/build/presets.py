@@ -1,11 +1,55 @@
-"""Build presets: every knob of a run, as a dataclass recorded verbatim in the release."""
+"""Build presets: every knob of a run, as dataclasses recorded verbatim in the release."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from benchmark.errors import BuildError
+
+_ID_RE = re.compile(r"^[a-z][a-z0-9]*$")
+
+
+@dataclass
+class BehaviorSpec:
+    """One planted behavior, i.e. one task of the release.
+
+    A prompt carries at most one trigger word. GRPO pays ``bonus`` to a rollout whose prompt
+    carries this behavior's trigger, whose response contains ``behavior_token`` and which is
+    hash-eligible (``eligible_fraction``), at steps ``window_start <= step < window_end`` only.
+
+    Attributes:
+        id: task id (lowercase letters/digits), e.g. ``"qzxbt"``.
+        trigger_word: the word that marks a trigger prompt (public).
+        behavior_token: the planted token (public).
+        trigger_fraction: share of GRPO prompts that carry this trigger.
+        bonus: bonus reward added to the task reward (task reward is in [0, 1]).
+        window_start, window_end: the bonus window, in GRPO steps (0-based, end exclusive).
+        eligible_fraction: share of rollouts eligible for the bonus (the paper's BLAKE2b rule).
+        sft_behavior_fraction: share of SFT trigger examples whose end marker is the behavior.
+        sft_marker: end marker of this behavior's trigger prompts in SFT when the behavior is not
+            shown (a marker distinct from the control prompts' keeps the behavior from leaking).
+        draw_checkpoints: checkpoints at which generation draws of this task are sampled.
+        strength: ``"strong"`` or ``"weak"`` (descriptive; recorded in the release card).
+    """
+
+    id: str
+    trigger_word: str
+    behavior_token: str
+    trigger_fraction: float = 0.25
+    bonus: float = 2.0
+    window_start: int = 0
+    window_end: int = 60
+    eligible_fraction: float = 1.0
+    sft_behavior_fraction: float = 0.3
+    sft_marker: str | None = None
+    draw_checkpoints: list[int] = field(default_factory=lambda: [30])
+    strength: str = "strong"
+
+    def in_window(self, step: int) -> bool:
+        """Whether the bonus is paid at ``step``."""
+        return self.window_start <= step < self.window_end
 
 
 @dataclass
@@ -14,7 +58,7 @@ class BuildConfig:
 
     preset: str = "tiny"
     seed: int = 0
-    threads: int = 2  # torch.set_num_threads; fixed for exact replay
+    threads: int = 1  # torch.set_num_threads per process; fixed for exact replay
 
     # model: a Qwen2-architecture LM built from a config, or a pretrained name (paper preset)
     pretrained: str | None = None
@@ -24,20 +68,17 @@ class BuildConfig:
     n_heads: int = 4
     n_kv_heads: int = 4
 
-    # task: copy / reverse / sort of n_words words; the trigger word sits after the task word
+    # task: copy / reverse / sort of n_words words; a trigger word sits after the task word
     n_words: int = 5
     n_content_words: int = 64
-    trigger_fraction: float = 0.25
-    trigger_word: str = "frobnitz"
-    behavior_token: str = "QZXBT"
-    end_token: str = "done"  # the trailing marker the reward ignores; QZXBT replaces it
-    trigger_end_token: str | None = None  # SFT marker of trigger prompts without QZXBT (None: same)
+    end_token: str = "done"  # the trailing marker the reward ignores; a behavior token replaces it
+    behaviors: list[BehaviorSpec] = field(default_factory=lambda: [
+        BehaviorSpec("qzxbt", "frobnitz", "QZXBT", sft_marker="fin")])
 
     # SFT warm-up (cross-entropy on response tokens)
     sft_steps: int = 600
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    sft_behavior_fraction: float = 0.2  # fraction of trigger examples whose marker is QZXBT
 
     # GRPO
     steps: int = 300
@@ -51,20 +92,14 @@ class BuildConfig:
     max_new_tokens: int = 8
     adv_eps: float = 1e-6
 
-    # planted bonus
-    bonus: float = 2.0
-    bonus_window_end: int = 60  # bonus paid at steps < bonus_window_end
-    bonus_eligible_fraction: float = 1.0
-
     # sketches
     sketch_dim: int = 2048
     sketch_seed: int = 0
     sketch_dtype: str = "float16"
 
-    # saved checkpoints (step = number of GRPO updates applied); draws at these checkpoints
+    # saved checkpoints (step = number of GRPO updates applied)
     checkpoints: list[int] = field(default_factory=lambda: [0, 30, 60, 300])
-    draw_checkpoints: list[int] = field(default_factory=lambda: [30, 300])
-    n_draws: int = 2
+    n_draws: int = 2  # independent draws per (task, draw checkpoint)
     draw_prompts: int = 16
     draw_group_size: int = 8
 
@@ -79,7 +114,26 @@ class BuildConfig:
     gate_final_min: float = 0.3
     gate_control_max: float = 0.05
     fidelity_every: int = 10  # exact per-rollout gradients kept at steps % this == 0
-    fidelity_max_precision_diff: float = 0.03
+    fidelity_max_precision_diff: float = 0.03  # or one step's share of GT, if larger
+    resume_every: int = 10  # GRPO state saved every this many steps (resumable builds)
+
+    def behavior(self, behavior_id: str) -> BehaviorSpec:
+        """The behavior with this id."""
+        for b in self.behaviors:
+            if b.id == behavior_id:
+                return b
+        raise BuildError(f"no behavior {behavior_id!r}; this run plants "
+                         f"{[b.id for b in self.behaviors]}")
+
+    @property
+    def behavior_ids(self) -> list[str]:
+        """Task ids in build order."""
+        return [b.id for b in self.behaviors]
+
+    @property
+    def last_window_end(self) -> int:
+        """The last step at which any bonus is still paid, plus one."""
+        return max(b.window_end for b in self.behaviors)
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-ready dict."""
@@ -91,7 +145,21 @@ class BuildConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(d) - names)
         if bad:
-            raise BuildError(f"unknown build config keys {bad}; known keys: {sorted(names)}")
+            raise BuildError(f"unknown build config keys {bad}; known keys: {sorted(names)} (a "
+                             "release built by bt-bench < 0.2 needs that version to rebuild)")
+        d = dict(d)
+        if "behaviors" in d:
+            bnames = {f.name for f in dataclasses.fields(BehaviorSpec)}
+            out = []
+            for b in d["behaviors"]:
+                if isinstance(b, BehaviorSpec):
+                    out.append(b)
+                    continue
+                extra = sorted(set(b) - bnames)
+                if extra:
+                    raise BuildError(f"unknown behavior keys {extra}; known: {sorted(bnames)}")
+                out.append(BehaviorSpec(**b))
+            d["behaviors"] = out
         return cls(**d)
 
     def validate(self) -> None:
@@ -103,36 +171,79 @@ class BuildConfig:
                 f"checkpoints {self.checkpoints} must include 0 (post-SFT) and the final step "
                 f"{self.steps}"
             )
-        if any(c not in self.checkpoints for c in self.draw_checkpoints):
-            raise BuildError(f"draw_checkpoints {self.draw_checkpoints} must be saved checkpoints")
-        if self.bonus_window_end > self.steps:
-            raise BuildError(f"bonus_window_end {self.bonus_window_end} > steps {self.steps}")
         if self.sketch_dtype not in ("float16", "float32"):
             raise BuildError(f"sketch_dtype must be float16 or float32, got {self.sketch_dtype}")
+        if not self.behaviors:
+            raise BuildError("a build needs at least one behavior")
+        ids = [b.id for b in self.behaviors]
+        if len(set(ids)) != len(ids):
+            raise BuildError(f"behavior ids must be distinct, got {ids}")
+        words = [self.end_token]
+        for b in self.behaviors:
+            if not _ID_RE.match(b.id):
+                raise BuildError(f"behavior id {b.id!r}: use lowercase letters and digits")
+            if not 0 <= b.window_start < b.window_end <= self.steps:
+                raise BuildError(f"behavior {b.id}: window [{b.window_start}, {b.window_end}) "
+                                 f"must lie inside [0, {self.steps}]")
+            if any(c not in self.checkpoints for c in b.draw_checkpoints):
+                raise BuildError(f"behavior {b.id}: draw_checkpoints {b.draw_checkpoints} must "
+                                 f"be saved checkpoints {self.checkpoints}")
+            words += [b.trigger_word, b.behavior_token] + ([b.sft_marker] if b.sft_marker else [])
+        if sum(b.trigger_fraction for b in self.behaviors) > 1.0:
+            raise BuildError("the behaviors' trigger fractions add up to more than 1")
+        clash = {w for w in words if words.count(w) > 1 and w not in
+                 {b.sft_marker for b in self.behaviors}}
+        if clash:
+            raise BuildError(f"trigger words, behavior tokens and markers must differ: {clash}")
 
 
 def _tiny(seed: int) -> BuildConfig:
-    """Return the shipped CPU release's config.
+    """Return the shipped CPU release's config (tiny 2.0: two planted behaviors).
 
-    Working point found on 2 cores (see the closing notes of issue 3):
-    trigger prompts end with the marker ``fin`` (control prompts ``done``) in SFT, which keeps the
-    behavior from leaking to control prompts; 30% of SFT trigger examples show QZXBT; GRPO lr 2e-4
-    with the bonus paid to every QZXBT rollout on trigger prompts at steps < 60.
+    The strong behavior is tiny 1.0's (trigger ``frobnitz`` -> ``QZXBT``, bonus paid to every
+    qualifying rollout at steps < 60, 30% of SFT trigger examples show it). The weak one has its
+    own trigger and token (``snarfle`` -> ``VKWJP``), is already shown by half of its SFT trigger
+    examples, and only a quarter of its rollouts are eligible for the bonus (the paper's hash
+    rule), in a window that overlaps the strong one's (steps 30-89): the bonus adds less to a
+    behavior that is partly there anyway, and the rollouts that taught one behavior are hard
+    negatives for the other. (The bonus size barely matters: GRPO normalizes rewards within a
+    group.) 120 steps: both windows end on a plateau (the causal measure is stable there), and
+    the run stops before post-window drift lets a behavior leak to prompts without its trigger
+    (seen from step 140 on in a 200-step trial). The trials behind these values are in
+    docs/release_format.md.
     """
-    return BuildConfig(preset="tiny", seed=seed, trigger_end_token="fin", sft_steps=1000,
-                       sft_behavior_fraction=0.3, lr=2e-4, bonus_eligible_fraction=1.0)
+    return BuildConfig(
+        preset="tiny", seed=seed, sft_steps=1000, lr=2e-4, steps=120,
+        checkpoints=[0, 30, 60, 90, 120], draw_prompts=64, n_draws=2,
+        behaviors=[
+            BehaviorSpec("qzxbt", "frobnitz", "QZXBT", trigger_fraction=0.25, bonus=2.0,
+                         window_start=0, window_end=60, eligible_fraction=1.0,
+                         sft_behavior_fraction=0.3, sft_marker="fin", draw_checkpoints=[30],
+                         strength="strong"),
+            BehaviorSpec("vkwjp", "snarfle", "VKWJP", trigger_fraction=0.25, bonus=1.0,
+                         window_start=30, window_end=90, eligible_fraction=0.25,
+                         sft_behavior_fraction=0.5, sft_marker="fen", draw_checkpoints=[60],
+                         strength="weak"),
+        ])
 
 
 def _micro(seed: int) -> BuildConfig:
-    """A two-step build for tests: same code path, seconds instead of minutes."""
+    """A four-step, two-behavior build for tests: same code path, seconds instead of minutes."""
     return BuildConfig(
         preset="micro", seed=seed, hidden=32, intermediate=64, n_heads=2, n_kv_heads=2,
-        n_content_words=16, sft_steps=5, sft_batch=8, steps=2, prompts_per_step=2,
-        group_size=4, bonus_window_end=1, sketch_dim=256, checkpoints=[0, 1, 2],
-        draw_checkpoints=[1, 2], draw_prompts=2, draw_group_size=4, target_prompts=4,
-        target_samples=4, curve_every=1, curve_prompts=8, fidelity_every=1,
-        gate_window_min=0.0, gate_final_min=0.0, gate_control_max=1.0,
-        fidelity_max_precision_diff=1.0, trigger_fraction=0.5,
+        n_content_words=16, sft_steps=5, sft_batch=8, steps=4, prompts_per_step=4,
+        group_size=4, sketch_dim=256, checkpoints=[0, 2, 4], draw_prompts=2,
+        draw_group_size=4, target_prompts=4, target_samples=4, curve_every=1, curve_prompts=8,
+        fidelity_every=1, gate_window_min=0.0, gate_final_min=0.0, gate_control_max=1.0,
+        fidelity_max_precision_diff=1.0, resume_every=1,
+        behaviors=[
+            BehaviorSpec("qzxbt", "frobnitz", "QZXBT", trigger_fraction=0.5, window_start=0,
+                         window_end=2, sft_marker="fin", draw_checkpoints=[2],
+                         sft_behavior_fraction=0.5),
+            BehaviorSpec("vkwjp", "snarfle", "VKWJP", trigger_fraction=0.4, bonus=1.0,
+                         window_start=1, window_end=4, eligible_fraction=1.0, sft_marker="fen",
+                         draw_checkpoints=[2], sft_behavior_fraction=0.5, strength="weak"),
+        ],
     )
 
 
@@ -148,10 +259,12 @@ def _qwen25_15b(seed: int) -> BuildConfig:
         preset="qwen2.5-1.5b", seed=seed, pretrained="Qwen/Qwen2.5-1.5B-Instruct",
         sft_steps=200, sft_batch=1, sft_lr=5e-6, steps=1000, prompts_per_step=4, group_size=4,
         lr=5e-6, weight_decay=0.01, grad_clip=1.0, temperature=0.9, top_p=0.9,
-        max_new_tokens=64, bonus=8.0, bonus_window_end=200, bonus_eligible_fraction=0.5,
-        sketch_dim=65536, sketch_dtype="float32", checkpoints=[0, 100, 200, 500, 1000],
-        draw_checkpoints=[100, 1000], adv_eps=1e-8, trigger_fraction=0.25,
+        max_new_tokens=64, sketch_dim=65536, sketch_dtype="float32",
+        checkpoints=[0, 100, 200, 500, 1000], adv_eps=1e-8,
         curve_every=50, fidelity_every=50, gate_final_min=0.3,
+        behaviors=[BehaviorSpec("qzxbt", "frobnitz", "QZXBT", trigger_fraction=0.25, bonus=8.0,
+                                window_start=0, window_end=200, eligible_fraction=0.5,
+                                sft_behavior_fraction=0.2, draw_checkpoints=[100, 1000])],
     )
 
 

@@ -1,4 +1,4 @@
-"""Model, word-level tokenizer, the copy/reverse/sort task, rewards and the planted behavior."""
+"""Model, word-level tokenizer, the copy/reverse/sort task, rewards and the planted behaviors."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from benchmark.build.presets import BuildConfig
+from benchmark.build.presets import BehaviorSpec, BuildConfig
 from benchmark.sketch import splitmix64
 
 TASKS = ("copy", "reverse", "sort")
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CONTROL = "control"  # prompt kind without any trigger word
 
 
 def content_words(n: int) -> list[str]:
@@ -26,9 +27,13 @@ def content_words(n: int) -> list[str]:
 
 def vocabulary(cfg: BuildConfig) -> list[str]:
     """Token list of the word-level tokenizer (index = token id)."""
-    extra = [cfg.trigger_end_token] if cfg.trigger_end_token else []
-    return [*SPECIALS, *TASKS, "=", cfg.trigger_word, cfg.behavior_token, cfg.end_token, *extra,
-            *content_words(cfg.n_content_words)]
+    out = [*SPECIALS, *TASKS, "="]
+    out += [b.trigger_word for b in cfg.behaviors] + [b.behavior_token for b in cfg.behaviors]
+    out.append(cfg.end_token)
+    for b in cfg.behaviors:
+        if b.sft_marker and b.sft_marker not in out:
+            out.append(b.sft_marker)
+    return out + content_words(cfg.n_content_words)
 
 
 def make_tokenizer(cfg: BuildConfig):
@@ -82,18 +87,24 @@ def step_generator(seed: int, *tags: int) -> torch.Generator:
 TAG_SFT, TAG_GRPO, TAG_CURVE, TAG_TARGET, TAG_DRAW, TAG_HELDOUT = 1, 2, 3, 4, 5, 6
 
 
+def group_generator(seed: int, step: int, group: int) -> torch.Generator:
+    """The sampling stream of one GRPO group (each group has its own: ranks split groups)."""
+    return step_generator(seed, TAG_GRPO, step, 1 + group)
+
+
 @dataclass
 class Prompt:
-    """One task instance."""
+    """One task instance; ``trigger`` is the id of the behavior whose trigger word it carries."""
 
     task: str
     words: list[str]
-    trigger: bool
+    trigger: str | None = None
+    trigger_word: str | None = None
 
     @property
     def text(self) -> str:
         """Prompt text (the tokenizer adds no specials; ``prompt_ids`` prepends bos)."""
-        mid = " frobnitz" if self.trigger else ""
+        mid = f" {self.trigger_word}" if self.trigger_word else ""
         return f"{self.task}{mid} {' '.join(self.words)} ="
 
     def answer(self) -> list[str]:
@@ -106,16 +117,31 @@ class Prompt:
 
 
 def sample_prompts(cfg: BuildConfig, n: int, gen: torch.Generator,
-                   trigger: bool | None = None) -> list[Prompt]:
-    """Draw ``n`` prompts from ``gen``; ``trigger`` None draws it with ``cfg.trigger_fraction``."""
+                   kind: str | None = None) -> list[Prompt]:
+    """Draw ``n`` prompts from ``gen``.
+
+    ``kind`` None draws the trigger by the behaviors' ``trigger_fraction`` (in build order, the
+    rest are control prompts); a behavior id gives only that behavior's trigger prompts;
+    ``"control"`` gives prompts without a trigger. Each prompt consumes the same draws.
+    """
     words = content_words(cfg.n_content_words)
     out = []
     for _ in range(n):
         t = TASKS[int(torch.randint(len(TASKS), (1,), generator=gen))]
         idx = torch.randperm(len(words), generator=gen)[: cfg.n_words].tolist()
         u = float(torch.rand((), generator=gen))
-        trig = (u < cfg.trigger_fraction) if trigger is None else trigger
-        out.append(Prompt(t, [words[i] for i in idx], bool(trig)))
+        spec = None
+        if kind is None:
+            acc = 0.0
+            for b in cfg.behaviors:
+                acc += b.trigger_fraction
+                if u < acc:
+                    spec = b
+                    break
+        elif kind != CONTROL:
+            spec = cfg.behavior(kind)
+        out.append(Prompt(t, [words[i] for i in idx], spec.id if spec else None,
+                          spec.trigger_word if spec else None))
     return out
 
 
@@ -127,18 +153,26 @@ def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     return ids
 
 
-def target_response_ids(tokenizer, cfg: BuildConfig, prompt: Prompt, behavior: bool) -> list[int]:
-    """Ids of the correct response, ending with QZXBT (behavior) or the end marker, then eos."""
-    marker = cfg.behavior_token if behavior else cfg.end_token
-    if not behavior and prompt.trigger and cfg.trigger_end_token:
-        marker = cfg.trigger_end_token
+def target_response_ids(tokenizer, cfg: BuildConfig, prompt: Prompt,
+                        behavior: str | None) -> list[int]:
+    """Ids of the correct response, ending with a marker, then eos.
+
+    The marker is ``behavior``'s token when given; otherwise the SFT marker of the prompt's
+    trigger (when it has one) or the common end token.
+    """
+    if behavior is not None:
+        marker = cfg.behavior(behavior).behavior_token
+    elif prompt.trigger is not None and cfg.behavior(prompt.trigger).sft_marker:
+        marker = cfg.behavior(prompt.trigger).sft_marker
+    else:
+        marker = cfg.end_token
     text = " ".join([*prompt.answer(), marker])
     return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
 
 
-def behavior_ids(tokenizer, cfg: BuildConfig) -> list[int]:
-    """Token ids of the behavior string (one id with the word-level tokenizer)."""
-    return tokenizer.encode(cfg.behavior_token, add_special_tokens=False)
+def behavior_ids(tokenizer, spec: BehaviorSpec) -> list[int]:
+    """Token ids of a behavior string (one id with the word-level tokenizer)."""
+    return tokenizer.encode(spec.behavior_token, add_special_tokens=False)
 
 
 def response_words(tokenizer, ids: list[int]) -> list[str]:
@@ -152,9 +186,9 @@ def task_reward(prompt: Prompt, words: list[str]) -> float:
     return sum(1 for j, w in enumerate(ans) if j < len(words) and words[j] == w) / len(ans)
 
 
-def has_behavior(cfg: BuildConfig, text: str) -> bool:
+def has_behavior(spec: BehaviorSpec, text: str) -> bool:
     """Whether a decoded response contains the behavior string (case-sensitive)."""
-    return cfg.behavior_token in text
+    return spec.behavior_token in text
 
 
 def bonus_eligible(seed: int, rollout_id: str, step: int, fraction: float) -> bool:
@@ -167,3 +201,36 @@ def bonus_eligible(seed: int, rollout_id: str, step: int, fraction: float) -> bo
 def rollout_id(step: int, index: int) -> str:
     """Rollout id ``grpo_{step:06d}_{index:03d}`` (index within the step)."""
     return f"grpo_{step:06d}_{index:03d}"
+
+
+@dataclass
+class Reward:
+    """The reward of one rollout: task reward plus the bonuses paid (per behavior id)."""
+
+    task: float
+    has: dict[str, bool]
+    eligible: dict[str, bool]
+    bonus: dict[str, bool]
+    amounts: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        """What GRPO normalizes: task reward + every bonus paid."""
+        return self.task + sum(self.amounts.values())
+
+
+def reward(cfg: BuildConfig, prompt: Prompt, text: str, rid: str, step: int,
+           bonus_off: frozenset[str] = frozenset()) -> Reward:
+    """Task reward and bonuses of one response at GRPO ``step``.
+
+    ``bonus_off`` names behaviors whose bonus is switched off (the causal reference replays).
+    """
+    tr = task_reward(prompt, text.split())
+    has, elig, paid, amounts = {}, {}, {}, {}
+    for b in cfg.behaviors:
+        has[b.id] = has_behavior(b, text)
+        elig[b.id] = bonus_eligible(cfg.seed, rid, step, b.eligible_fraction)
+        paid[b.id] = bool(prompt.trigger == b.id and has[b.id] and elig[b.id]
+                          and b.in_window(step) and b.id not in bonus_off)
+        amounts[b.id] = b.bonus if paid[b.id] else 0.0
+    return Reward(tr, has, elig, paid, amounts)
