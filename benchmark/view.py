@@ -1,30 +1,42 @@
-"""What an estimator sees: a label-free view of one seed's run, and of one generation draw.
+"""What an estimator sees: a label-free view of one seed's run for one task, and its draws.
 
-An estimator scores *units*. In the rollout view a unit is one training rollout; in the step view a
-unit is one GRPO step, whose sketch is the sum of its rollouts' sketches (CountSketch is linear, so
-this is the sketch of the step gradient). The same estimator code scores both; the evaluator
-broadcasts step scores to the step's rollouts (step-granular scores are ties, scored tie-aware).
+A release plants several behaviors per run; each is a *task* (``view.behavior``). An estimator
+scores *units* for the task its view names. In the rollout view a unit is one training rollout; in
+the step view a unit is one GRPO step, whose sketch is the sum of its rollouts' sketches
+(CountSketch is linear, so this is the sketch of the step gradient). The same estimator code
+scores both, for every task; the evaluator broadcasts step scores to the step's rollouts
+(step-granular scores are ties, scored tie-aware).
+
+Sketches are read in place from the release's memory-mapped file, never copied: use
+:meth:`RunView.iter_sketches` (chunks of rows) or the streaming helpers
+:meth:`RunView.sketch_dot`, :meth:`RunView.sketch_norms` and :meth:`RunView.sketch_gram`, whose
+memory does not grow with the run. ``view.sketches`` materializes the whole ``(n, d)`` matrix
+(fine for ``tiny``, not for a paper-scale release).
 
 Sign convention: rollout sketches are gradients of each rollout's own GRPO loss term
 ``-(1/N) A_i lbar_i``; draw sketches are gradients of ``-lbar`` (the response's mean token NLL);
 targets are gradients of the behavior's NLL. A positive inner product means a gradient step on the
 unit's loss lowers the behavior's NLL to first order, i.e. the unit promotes the behavior.
 
-Labels (who received the bonus, label groups, has-behavior flags of draws) are never part of a
-view; nor is anything derived from them (token-level sketches exist only where the behavior
-occurred, so they stay with the evaluator).
+Labels (who received a bonus, label groups, has-behavior flags of draws), the bonus itself and the
+bonus window are never part of a view; nor is anything derived from them (token-level sketches
+exist only where the behavior occurred, so they stay with the evaluator). What an estimator may
+assume about a task is in ``docs/evaluation.md`` (the behavior token and trigger word are public).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import mmap
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 Granularity = Literal["rollout", "step"]
+DEFAULT_CHUNK = 4096
 
 
 def _readonly(a: np.ndarray | None) -> np.ndarray | None:
@@ -37,51 +49,290 @@ def _readonly(a: np.ndarray | None) -> np.ndarray | None:
     return a
 
 
+class SketchRows:
+    """Read-only, chunked access to the float32 sketches of a sequence of units.
+
+    Backed by a stored ``(m, d)`` array (a memory map of a release file, float16 or float32
+    scaled by ``scale``) and, per rollout, the row it is stored in (``-1``: an all-zero gradient,
+    not stored). With ``segments`` (``(n + 1,)`` offsets into the rollouts) a unit is the sum of
+    a contiguous run of rollouts (the step view). Chunks are read, converted and then released
+    from the process's resident memory, so streaming a file of any size keeps memory flat.
+
+    Args:
+        stored: ``(m, d)`` stored values (usually ``np.load(path, mmap_mode="r")``).
+        rows: ``(n_rollouts,)`` int64 stored row of each rollout, ``-1`` for zero rows.
+        scale: true value = stored / scale.
+        segments: optional ``(n_units + 1,)`` int64 rollout offsets of each unit.
+    """
+
+    def __init__(self, stored: np.ndarray, rows: np.ndarray, scale: float = 1.0,
+                 segments: np.ndarray | None = None) -> None:
+        self.stored = stored
+        self.rows = _readonly(np.asarray(rows, np.int64))
+        self.scale = float(scale)
+        self.segments = None if segments is None else _readonly(np.asarray(segments, np.int64))
+        self.dim = int(stored.shape[1])
+
+    @property
+    def n(self) -> int:
+        """Number of units."""
+        return int(self.rows.size if self.segments is None else self.segments.size - 1)
+
+    def _release(self, lo: int, hi: int) -> None:
+        """Drop stored rows ``[lo, hi)`` from resident memory (they stay in the page cache)."""
+        mm = getattr(self.stored, "_mmap", None)
+        if mm is None or hi <= lo:
+            return
+        row_bytes = self.stored.strides[0]
+        start_in_map = getattr(self.stored, "offset", 0) % mmap.ALLOCATIONGRANULARITY
+        a = start_in_map + lo * row_bytes
+        b = start_in_map + hi * row_bytes
+        page = mmap.PAGESIZE
+        a = (a // page) * page
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+        except (AttributeError, OSError, ValueError):  # pragma: no cover - platform without it
+            pass
+
+    def _rollout_block(self, lo: int, hi: int) -> np.ndarray:
+        r = self.rows[lo:hi]
+        out = np.zeros((hi - lo, self.dim), np.float32)
+        ok = r >= 0
+        if ok.any():
+            sel = r[ok]
+            first, last = int(sel.min()), int(sel.max()) + 1
+            if np.all(np.diff(sel) == 1):  # stored rows are in rollout order: one slice
+                out[ok] = np.asarray(self.stored[first:last], np.float32)
+            else:
+                out[ok] = np.asarray(self.stored[sel], np.float32)
+            if self.scale != 1.0:
+                out[ok] /= np.float32(self.scale)
+            self._release(first, last)
+        return out
+
+    def iter(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start, block)``: float32 ``(b, d)`` sketches of units ``start:start + b``."""
+        chunk = max(int(chunk), 1)
+        if self.segments is None:
+            for lo in range(0, self.n, chunk):
+                yield lo, self._rollout_block(lo, min(lo + chunk, self.n))
+            return
+        seg = self.segments
+        for lo in range(0, self.n, chunk):
+            hi = min(lo + chunk, self.n)
+            a, b = int(seg[lo]), int(seg[hi])
+            block = self._rollout_block(a, b).astype(np.float64)
+            starts = seg[lo:hi] - a
+            sums = np.zeros((hi - lo, self.dim), np.float64)
+            nonempty = seg[lo + 1:hi + 1] > seg[lo:hi]
+            if block.shape[0]:
+                sums[nonempty] = np.add.reduceat(block, starts[nonempty], axis=0)
+            yield lo, sums.astype(np.float32)
+
+    def dense(self) -> np.ndarray:
+        """The whole ``(n, d)`` float32 matrix (memory grows with the run)."""
+        out = np.zeros((self.n, self.dim), np.float32)
+        for lo, block in self.iter():
+            out[lo:lo + block.shape[0]] = block
+        return out
+
+    def iter_stored(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(rollouts, block)``: the stored (non-zero) rollout sketches only, in chunks.
+
+        ``rollouts`` are the rollout positions of the rows of the float32 ``block``; rollouts
+        without a stored row have an all-zero sketch. Cheaper than :meth:`iter` when most
+        gradients are zero (every rollout of a group with equal rewards).
+        """
+        idx = np.flatnonzero(self.rows >= 0)
+        srt = self.rows[idx]
+        if np.any(np.diff(srt) < 0):
+            order = np.argsort(srt, kind="stable")
+            idx, srt = idx[order], srt[order]
+        for a in range(0, idx.size, max(int(chunk), 1)):
+            sel = srt[a:a + chunk]
+            first, last = int(sel[0]), int(sel[-1]) + 1
+            if last - first == sel.size:
+                block = np.asarray(self.stored[first:last], np.float32)
+            else:
+                block = np.asarray(self.stored[sel], np.float32)
+            if self.scale != 1.0:
+                block /= np.float32(self.scale)
+            self._release(first, last)
+            yield idx[a:a + chunk], block
+
+    def _per_rollout_to_units(self, per: np.ndarray) -> np.ndarray:
+        if self.segments is None:
+            return per
+        out = np.zeros((self.n,) + per.shape[1:])
+        nonempty = self.segments[1:] > self.segments[:-1]
+        if per.shape[0]:
+            out[nonempty] = np.add.reduceat(per, self.segments[:-1][nonempty], axis=0)
+        return out
+
+    def dot(self, t: np.ndarray, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """``sketches @ t`` in float64, ``(n,)`` for ``t`` ``(d,)`` or ``(n, m)`` for ``(d, m)``.
+
+        Linear, so a step's value is the sum of its rollouts' (computed from stored rows only).
+        """
+        t = np.asarray(t, np.float64)
+        per = np.zeros((self.rows.size,) + t.shape[1:])
+        for idx, block in self.iter_stored(chunk):
+            per[idx] = block.astype(np.float64) @ t
+        return self._per_rollout_to_units(per)
+
+    def norms(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """``(n,)`` float64 L2 norm of every unit's sketch."""
+        out = np.zeros(self.n)
+        if self.segments is None:
+            for idx, block in self.iter_stored(chunk):
+                out[idx] = np.linalg.norm(block.astype(np.float64), axis=1)
+            return out
+        for lo, block in self.iter(chunk):
+            out[lo:lo + block.shape[0]] = np.linalg.norm(block.astype(np.float64), axis=1)
+        return out
+
+    def gram(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """``(d, d)`` float64 ``sketches.T @ sketches`` (TRAK-style estimators)."""
+        out = np.zeros((self.dim, self.dim))
+        blocks = ((b for _, b in self.iter_stored(chunk)) if self.segments is None
+                  else (b for _, b in self.iter(chunk)))
+        for block in blocks:
+            b = block.astype(np.float64)
+            out += b.T @ b
+        return out
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """The behavior a view asks about (public: an estimator may use all of it).
+
+    Attributes:
+        id: the task id, e.g. ``"qzxbt"``.
+        trigger_word: the word that marks a trigger prompt, e.g. ``"frobnitz"``.
+        behavior_token: the planted token, e.g. ``"QZXBT"``.
+        behavior_token_id: its id in the release's tokenizer.
+    """
+
+    id: str
+    trigger_word: str
+    behavior_token: str
+    behavior_token_id: int
+
+
+@dataclass(frozen=True)
+class SketchSpec:
+    """How every sketch of the release was made, to sketch one's own gradients the same way.
+
+    Attributes:
+        method: ``"countsketch-splitmix64"`` (hash documented in :mod:`benchmark.sketch`).
+        dim: sketch dimension.
+        seed: hash seed.
+        n_params: length of the flattened gradient.
+        parameters: ``[{"name", "shape", "offset", "numel"}]`` in ``named_parameters()`` order.
+    """
+
+    method: str
+    dim: int
+    seed: int
+    n_params: int
+    parameters: tuple = ()
+
+    def sketch(self, grad) -> np.ndarray:
+        """Sketch a gradient the way the release did, in the units of ``view.sketches``.
+
+        ``grad``: a flat ``(n_params,)`` or ``(B, n_params)`` array/tensor in
+        ``named_parameters()`` order, or a dict ``name -> tensor`` (missing names count as zero).
+        Returns float32 ``(dim,)`` or ``(B, dim)``.
+        """
+        import torch
+
+        from benchmark.sketch import CountSketch
+
+        if isinstance(grad, Mapping):
+            parts = []
+            lead = None
+            for p in self.parameters:
+                g = grad.get(p["name"])
+                if g is not None:
+                    g = torch.as_tensor(g)
+                    lead = g.shape[: g.dim() - len(p["shape"])]
+            for p in self.parameters:
+                g = grad.get(p["name"])
+                g = (torch.zeros(*(lead or ()), p["numel"]) if g is None
+                     else torch.as_tensor(g).reshape(*(lead or ()), p["numel"]))
+                parts.append(g.float())
+            flat = torch.cat(parts, -1)
+        else:
+            flat = torch.as_tensor(np.asarray(grad) if not isinstance(grad, torch.Tensor)
+                                   else grad).float()
+        return CountSketch(self.n_params, self.dim, self.seed).sketch(flat).numpy()
+
+
 @dataclass(frozen=True)
 class RunView:
-    """One seed's training run, as units (rollouts or steps). All arrays are read-only.
+    """One seed's training run for one task, as units (rollouts or steps). Read-only.
 
     Attributes:
         seed: the run's seed (use it to seed any randomness, so scores are deterministic).
         granularity: ``"rollout"`` or ``"step"``.
-        sketches: ``(n, d)`` float32 CountSketch of each unit's gradient (see module docstring).
+        behavior: the task being attributed (:class:`Behavior`).
         steps: ``(n,)`` int64 GRPO step of each unit (0-based; the model that sampled it had
             received ``step`` updates).
         groups: ``(n,)`` int64 GRPO group of each rollout (for steps: the step).
         advantages: ``(n,)`` float64 GRPO advantage (for steps: mean |advantage| of its rollouts).
         fluency: ``(n,)`` float64 mean token log-prob (nats) of the response under the sampling
             policy (for steps: the mean over its rollouts).
-        targets: name -> ``(d,)`` float32 sketched target gradients; see :meth:`target`.
+        sketch_rows: the unit sketches (:class:`SketchRows`); see :meth:`iter_sketches`.
+        targets: name -> ``(d,)`` float32 sketched target gradients of this task's behavior;
+            see :meth:`target`.
         checkpoint_steps: the steps with a saved checkpoint (0 = after SFT, before GRPO).
         lr: the GRPO learning rate (constant).
         n_steps: number of GRPO steps in the run.
         checkpoint_dir: step -> folder loadable with ``AutoModelForCausalLM.from_pretrained``.
         tokenizer_dir: folder loadable with ``AutoTokenizer.from_pretrained``.
+        sketch_spec: how the sketches were made (:class:`SketchSpec`).
+        sampling: how rollouts were sampled (temperature, top_p, max_new_tokens, group_size,
+            prompts_per_step, decoding).
+        optimizer: the GRPO optimizer's settings (AdamW: lr, betas, eps, weight_decay,
+            grad_clip); its state is not shipped.
         track: ``"gradient"`` or ``"open"``; the open track also gets the fields below.
-        rewards: ``(n,)`` total reward (open track only; for steps: mean), else None.
-        prompts, responses: decoded text per unit (open track, rollout view only), else None.
+        rewards: ``(n,)`` task reward, never the bonus (open track only; for steps: mean).
+        prompts, responses: decoded text per rollout (open track, rollout view only).
+        prompt_ids, response_ids: token ids as trained: the prompt with ``<bos>``, the response as
+            sampled, up to and including its ``<eos>`` (open track, rollout view only).
+        rollout_unit: ``(n_rollouts,)`` int64, the unit of each rollout of the run (the step
+            view's membership; ``arange`` in the rollout view).
+        rollout_view: the step view's rollout view (same task), else None.
     """
 
     seed: int
     granularity: Granularity
-    sketches: np.ndarray
+    behavior: Behavior
     steps: np.ndarray
     groups: np.ndarray
     advantages: np.ndarray
     fluency: np.ndarray
-    targets: Mapping[str, np.ndarray]
+    sketch_rows: SketchRows = field(repr=False)
+    targets: Mapping[str, np.ndarray] = field(repr=False)
     checkpoint_steps: tuple[int, ...]
     lr: float
     n_steps: int
     checkpoint_dir: Mapping[int, Path] = field(repr=False)
     tokenizer_dir: Path | None = field(repr=False, default=None)
+    sketch_spec: SketchSpec | None = field(repr=False, default=None)
+    sampling: Mapping = field(repr=False, default_factory=dict)
+    optimizer: Mapping = field(repr=False, default_factory=dict)
     track: str = "gradient"
     rewards: np.ndarray | None = None
     prompts: tuple[str, ...] | None = field(repr=False, default=None)
     responses: tuple[str, ...] | None = field(repr=False, default=None)
+    prompt_ids: tuple[tuple[int, ...], ...] | None = field(repr=False, default=None)
+    response_ids: tuple[tuple[int, ...], ...] | None = field(repr=False, default=None)
+    rollout_unit: np.ndarray | None = field(repr=False, default=None)
+    rollout_view: RunView | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
-        for name in ("sketches", "steps", "groups", "advantages", "fluency", "rewards"):
+        for name in ("steps", "groups", "advantages", "fluency", "rewards", "rollout_unit"):
             object.__setattr__(self, name, _readonly(getattr(self, name)))
         object.__setattr__(
             self, "targets", {k: _readonly(v) for k, v in dict(self.targets).items()}
@@ -92,10 +343,31 @@ class RunView:
         """Number of units."""
         return int(self.steps.shape[0])
 
+    @cached_property
+    def sketches(self) -> np.ndarray:
+        """``(n, d)`` float32 sketches, materialized once (use :meth:`iter_sketches` to stream)."""
+        return _readonly(self.sketch_rows.dense())
+
+    def iter_sketches(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start, block)``: float32 ``(b, d)`` sketches of units ``start:start + b``."""
+        return self.sketch_rows.iter(chunk)
+
+    def sketch_dot(self, t: np.ndarray, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """Streaming ``sketches @ t`` (float64)."""
+        return self.sketch_rows.dot(t, chunk)
+
+    def sketch_norms(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """Streaming ``(n,)`` L2 norms of the sketches."""
+        return self.sketch_rows.norms(chunk)
+
+    def sketch_gram(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """Streaming ``(d, d)`` ``sketches.T @ sketches``."""
+        return self.sketch_rows.gram(chunk)
+
     def target(self, kind: str = "nll", step: int | None = None) -> np.ndarray:
         """The ``(d,)`` target of ``kind`` (``nll``, ``in_context``, ``contrast``) at a checkpoint.
 
-        ``step=None`` gives the final checkpoint's target.
+        ``step=None`` gives the final checkpoint's target. Targets are the view's task's.
         """
         step = max(self.checkpoint_steps) if step is None else step
         key = f"{kind}_step{step:04d}"
@@ -113,30 +385,52 @@ class RunView:
 
 @dataclass(frozen=True)
 class DrawView:
-    """One generation draw: fresh samples at a checkpoint, in groups of G per prompt.
+    """One generation draw of a task: fresh samples at a checkpoint, in groups of G per prompt.
 
     Attributes:
-        draw_id: e.g. ``"step0030_draw0"``.
+        draw_id: e.g. ``"qzxbt/step0030_draw0"`` (task / checkpoint / draw).
         checkpoint_step: the checkpoint that sampled the responses.
-        sketches: ``(m, d)`` float32 sketch of the gradient of ``-lbar`` of each response
-            (no advantage, unclipped).
         groups: ``(m,)`` int64 group (one prompt's G samples).
         fluency: ``(m,)`` float64 mean token log-prob (nats) under the checkpoint.
-        responses: decoded text (open track only), else None.
+        sketch_rows: sketches of the gradient of ``-lbar`` of each response (no advantage,
+            unclipped); see :meth:`iter_sketches`.
+        prompts, prompt_ids: the prompt of each response, text and token ids (open track only).
+        responses, response_ids: never filled by the evaluator (a response's text is its draw
+            label); kept for views an estimator builds itself.
     """
 
     draw_id: str
     checkpoint_step: int
-    sketches: np.ndarray
     groups: np.ndarray
     fluency: np.ndarray
+    sketch_rows: SketchRows = field(repr=False)
+    prompts: tuple[str, ...] | None = field(repr=False, default=None)
     responses: tuple[str, ...] | None = field(repr=False, default=None)
+    prompt_ids: tuple[tuple[int, ...], ...] | None = field(repr=False, default=None)
+    response_ids: tuple[tuple[int, ...], ...] | None = field(repr=False, default=None)
 
     def __post_init__(self) -> None:
-        for name in ("sketches", "groups", "fluency"):
+        for name in ("groups", "fluency"):
             object.__setattr__(self, name, _readonly(getattr(self, name)))
 
     @property
     def n(self) -> int:
         """Number of responses."""
         return int(self.groups.shape[0])
+
+    @cached_property
+    def sketches(self) -> np.ndarray:
+        """``(m, d)`` float32 sketches, materialized once."""
+        return _readonly(self.sketch_rows.dense())
+
+    def iter_sketches(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start, block)`` float32 sketch chunks."""
+        return self.sketch_rows.iter(chunk)
+
+    def sketch_dot(self, t: np.ndarray, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """Streaming ``sketches @ t`` (float64)."""
+        return self.sketch_rows.dot(t, chunk)
+
+    def sketch_norms(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        """Streaming ``(m,)`` L2 norms of the sketches."""
+        return self.sketch_rows.norms(chunk)

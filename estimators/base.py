@@ -11,8 +11,12 @@ Rules (checked by ``bt-bench check-estimator FILE`` and by the evaluator before 
 4. ``score_draw(view, draw)`` (optional) returns one finite float per response of ``draw``.
 5. Scores are deterministic (same inputs, same scores) and inputs are never modified.
 6. Capabilities are class attributes: ``name`` (str), ``track`` (``"gradient"``: sketches,
-   advantages, fluency, targets, checkpoints; ``"open"``: also text and rewards) and ``tasks``
-   (a subset of ``("rollouts", "draws")``; ``"draws"`` requires ``score_draw``).
+   advantages, fluency, targets, checkpoints; ``"open"``: also text, token ids and task rewards),
+   ``tasks`` (a subset of ``("rollouts", "draws")``; ``"draws"`` requires ``score_draw``) and,
+   optionally, ``fallbacks`` (the views, among ``("step", "draws")``, where the method falls
+   back to a generic sketch-based score instead of its own; the leaderboard marks those numbers).
+7. One estimator scores every task of a release: ``view.behavior`` names the behavior being
+   attributed, and ``view.target(...)`` is that behavior's target.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from benchmark.view import DrawView, RunView
 
 TRACKS = ("gradient", "open")
 TASKS = ("rollouts", "draws")
+FALLBACK_VIEWS = ("step", "draws")
 
-__all__ = ["TASKS", "TRACKS", "BaseEstimator", "DrawView", "Estimator", "RunView",
-           "center_by_group", "cosine"]
+__all__ = ["FALLBACK_VIEWS", "TASKS", "TRACKS", "BaseEstimator", "DrawView", "Estimator", "RunView",
+           "center_by_group", "cosine", "sketch_cosine"]
 
 
 @runtime_checkable
@@ -53,6 +58,7 @@ class BaseEstimator:
     name: ClassVar[str] = ""
     track: ClassVar[str] = "gradient"
     tasks: ClassVar[tuple[str, ...]] = ("rollouts",)
+    fallbacks: ClassVar[tuple[str, ...]] = ()
 
     def get_params(self) -> dict[str, object]:
         """The constructor's keyword arguments and their current values (the config to record)."""
@@ -81,6 +87,19 @@ def cosine(rows: np.ndarray, target: np.ndarray, eps: float = 1e-12) -> np.ndarr
     t = np.asarray(target, dtype=np.float64)
     dots = rows @ t
     norms = np.linalg.norm(rows, axis=1) * np.linalg.norm(t)
+    return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
+
+
+def sketch_cosine(view: RunView | DrawView, target: np.ndarray, eps: float = 1e-12
+                  ) -> np.ndarray:
+    """Cosine of every unit's sketch with ``target`` ``(d,)``, streamed (memory stays flat).
+
+    The same numbers as ``cosine(view.sketches, target)`` without materializing the matrix; 0 for
+    all-zero sketches.
+    """
+    t = np.asarray(target, dtype=np.float64)
+    dots = view.sketch_dot(t)
+    norms = view.sketch_norms() * np.linalg.norm(t)
     return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
 
 

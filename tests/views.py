@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmark.view import DrawView, RunView
+from benchmark.view import Behavior, DrawView, RunView, SketchRows
+
+BEHAVIOR = Behavior(id="qzxbt", trigger_word="frobnitz", behavior_token="QZXBT",
+                    behavior_token_id=10)
+
+
+def rows(sk: np.ndarray) -> SketchRows:
+    """In-memory sketches as a view's :class:`SketchRows` (every row stored)."""
+    return SketchRows(np.asarray(sk, np.float32), np.arange(len(sk), dtype=np.int64))
 
 
 def make_view(granularity="rollout", d=8, seed=0, **over) -> RunView:
@@ -18,7 +26,7 @@ def make_view(granularity="rollout", d=8, seed=0, **over) -> RunView:
     sk[4, :2] = [0.5, -0.5]   # cos 0.707, dot .5
     sk[5, 0] = -1.0           # cos -1
     fields = dict(
-        seed=seed, granularity=granularity, sketches=sk,
+        seed=seed, granularity=granularity, behavior=BEHAVIOR, sketch_rows=rows(sk),
         steps=np.array([0, 0, 1, 1, 2, 2]), groups=np.array([0, 0, 1, 1, 2, 2]),
         advantages=np.array([1.0, -1.0, 0.5, 0.0, -0.5, 2.0]),
         fluency=np.array([-1.0, -2.0, -0.5, -3.0, -1.5, -0.1]),
@@ -26,6 +34,8 @@ def make_view(granularity="rollout", d=8, seed=0, **over) -> RunView:
                  "contrast_step0002": t},
         checkpoint_steps=(0, 2), lr=0.5, n_steps=3, checkpoint_dir={},
     )
+    if "sketches" in over:
+        fields["sketch_rows"] = rows(over.pop("sketches"))
     fields.update(over)
     return RunView(**fields)
 
@@ -33,5 +43,5 @@ def make_view(granularity="rollout", d=8, seed=0, **over) -> RunView:
 def make_draw(d=8) -> DrawView:
     sk = np.zeros((4, d), np.float32)
     sk[0, 0], sk[1, 0], sk[2, 1], sk[3, 0] = 3.0, 1.0, 1.0, -1.0
-    return DrawView(draw_id="step0002_draw0", checkpoint_step=2, sketches=sk,
+    return DrawView(draw_id="qzxbt/step0002_draw0", checkpoint_step=2, sketch_rows=rows(sk),
                     groups=np.array([0, 0, 1, 1]), fluency=np.array([-1.0, -2.0, -0.5, -0.7]))

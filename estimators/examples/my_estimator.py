@@ -12,7 +12,14 @@ import numpy as np
 
 # The base class is optional (any class with these attributes and methods works), but it gives
 # get_params() for free and clear errors for missing methods.
-from estimators.base import BaseEstimator, DrawView, RunView, center_by_group, cosine
+from estimators.base import (
+    BaseEstimator,
+    DrawView,
+    RunView,
+    center_by_group,
+    cosine,
+    sketch_cosine,
+)
 
 
 class InContextCosine(BaseEstimator):
@@ -28,9 +35,11 @@ class InContextCosine(BaseEstimator):
         self.target = target
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        # view.sketches: (n, d) gradient sketches of the units (rollouts, or whole steps).
+        # The units' gradient sketches (rollouts, or whole steps) are read in place from the
+        # release: sketch_cosine streams them in chunks (view.iter_sketches, view.sketch_dot);
+        # view.sketches would give the whole (n, d) matrix. view.behavior names the task.
         # Return one finite score per unit; higher = more responsible for the behavior.
-        return cosine(view.sketches, view.target(self.target))
+        return sketch_cosine(view, view.target(self.target))
 
     def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
         # draw.sketches: (m, d) sketches of fresh responses at draw.checkpoint_step, in groups
