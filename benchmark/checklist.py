@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 
 PASS, FAIL, INCONCLUSIVE, REPORTED, NOT_RUN = "pass", "fail", "inconclusive", "reported", "not_run"
 MAX_WIDTH = 0.15
+#: a draw with fewer within-group (behavior, non-behavior) pairs cannot decide a comparison
+MIN_PAIRS = 30
+#: a control whose point estimate is this close to the metric's ceiling cannot be beaten
+CEILING_EPS = 1e-9
 
 #: item number -> (key, title)
 ITEMS: dict[int, tuple[str, str]] = {
@@ -35,7 +39,7 @@ ITEMS: dict[int, tuple[str, str]] = {
     7: ("precision_of_estimate", "the estimator's own intervals are <= 0.15 wide"),
     8: ("ties", "step-granular scores use tie-aware precision (tie-break range reported)"),
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
-    10: ("causal", "removing the top rollouts moves the behavior more than controls"),
+    10: ("causal", "causal score above the random band, norm-only's and step-order's (paired)"),
 }
 GATED = (1, 2, 3, 4, 5, 6, 7)
 
@@ -92,25 +96,53 @@ def above(estimate: Mapping[str, float], threshold: float, max_width: float = MA
     return PASS if estimate["lo"] > threshold else FAIL
 
 
-def magnitude(diffs: Mapping[str, Mapping[str, float]]) -> Verdict:
-    """Item 1 for one seed: ``diffs`` maps control name -> paired precision difference."""
-    per = {k: beats(v) for k, v in diffs.items()}
-    return Verdict(combine(per.values()), {k: dict(v) | {"verdict": per[k]}
-                                           for k, v in diffs.items()})
+def magnitude(diffs: Mapping[str, Mapping[str, float]],
+              control_points: Mapping[str, float] | None = None,
+              draws_scored: bool = True) -> Verdict:
+    """Item 1 for one seed: ``diffs`` maps comparison name -> paired difference.
+
+    Each comparison is :func:`beats_control` against its control's point estimate (when given);
+    an estimator that scores no draws is inconclusive on the draw part, so never passes.
+    """
+    cp = control_points or {}
+    per = {k: beats_control(v, cp.get(k)) for k, v in diffs.items()}
+    verdicts = list(per.values()) + ([] if draws_scored else [INCONCLUSIVE])
+    reason = "" if draws_scored else "the draw part is not measured (no score_draw)"
+    return Verdict(combine(verdicts), {k: dict(v) | {"verdict": per[k]}
+                                       for k, v in diffs.items()}, reason)
 
 
 def fluency(
-    raw_diff: Mapping[str, float] | None, residualized: Mapping[str, float] | None
+    raw_diff: Mapping[str, float] | None, residualized: Mapping[str, float] | None,
+    control_raw: float | None = None, pairs: int | None = None,
 ) -> Verdict:
-    """Item 2 for one draw: raw AUC minus fluency's raw AUC, and the residualized AUC interval."""
+    """Item 2 for one draw: raw AUC minus fluency's raw AUC, and the residualized AUC interval.
+
+    Inconclusive, never failed, where it cannot be measured: the estimator scores no draws, the
+    draw has fewer than :data:`MIN_PAIRS` within-group pairs, or fluency's raw AUC already sits at
+    the ceiling (1.0: nothing can beat it, so only the residualized part is decided).
+    """
     if raw_diff is None or residualized is None:
         return Verdict(INCONCLUSIVE, {}, "the estimator does not score generation draws")
-    v_raw = beats(raw_diff)
+    if pairs is not None and pairs < MIN_PAIRS:
+        return Verdict(INCONCLUSIVE, {"pairs": pairs},
+                       f"too few within-group pairs ({pairs} < {MIN_PAIRS}) to tell")
+    at_ceiling = control_raw is not None and control_raw >= 1.0 - CEILING_EPS
+    v_raw = INCONCLUSIVE if at_ceiling else beats(raw_diff)
     v_res = above(residualized, 0.5)
-    return Verdict(combine([v_raw, v_res]), {
-        "raw_minus_fluency": dict(raw_diff) | {"verdict": v_raw},
-        "residualized_auc": dict(residualized) | {"verdict": v_res},
-    })
+    numbers = {"raw_minus_fluency": dict(raw_diff) | {"verdict": v_raw},
+               "residualized_auc": dict(residualized) | {"verdict": v_res}}
+    reason = "fluency's raw AUC is at the ceiling (1.0); only the residualized AUC decides" \
+        if at_ceiling else ""
+    return Verdict(combine([v_raw, v_res]), numbers, reason)
+
+
+def beats_control(diff: Mapping[str, float], control_point: float | None,
+                  ceiling: float = 1.0) -> str:
+    """:func:`beats`, but inconclusive when the control already sits at the ceiling."""
+    if control_point is not None and control_point >= ceiling - CEILING_EPS:
+        return INCONCLUSIVE
+    return beats(diff)
 
 
 def headroom(window: Mapping[str, float]) -> Verdict:
@@ -118,9 +150,9 @@ def headroom(window: Mapping[str, float]) -> Verdict:
     return Verdict(above(window, window["chance"]), dict(window))
 
 
-def timing(diff: Mapping[str, float]) -> Verdict:
+def timing(diff: Mapping[str, float], control_point: float | None = None) -> Verdict:
     """Item 4 for one seed: paired precision difference against step-order in the window."""
-    return Verdict(beats(diff), dict(diff))
+    return Verdict(beats_control(diff, control_point), dict(diff))
 
 
 def precision_of_estimate(widths: Mapping[str, float]) -> Verdict:
@@ -142,3 +174,128 @@ def overall(items: Mapping[int, str]) -> str:
 
 def _finite(*values: float | None) -> bool:
     return all(v is not None and math.isfinite(v) for v in values)
+
+
+# ----------------------------------------------------------------------------------------------
+# one (seed, task), then one task
+
+
+def seed_verdicts(td, est: str, training: dict, draws: dict, comparisons: dict, has_gt: bool,
+                  scores_draws: bool) -> dict[int, dict[str, Verdict]]:
+    """Items 1-4, 7 (widths), 8 and 9 at one seed of one task, keyed by place.
+
+    Places: the seed (``"0"``) for training items, ``"<seed>/<draw id>"`` for draw items; item 7
+    collects interval widths under ``"<seed>/precision"`` and ``"<seed>/<draw id>/auc"``.
+    """
+    seed = str(td.seed)
+    out: dict[int, dict[str, Verdict]] = {i: {} for i in ITEMS}
+    no_gt = "no ground-truth rollout in the learning window of this seed"
+
+    def window(name):
+        return training[name]["rollout"]["group"].get("window")
+
+    # item 1: magnitude (training: window, group label; draws: residualized AUC vs norm-only)
+    if has_gt:
+        diffs = {c: comparisons["precision"][c] for c in ("norm-only", "advantage-only")
+                 if c in comparisons["precision"]}
+        points = {c: window(c)["precision"] for c in diffs}
+        for did, comp in comparisons["draws"].items():
+            if "norm-only" in comp:
+                diffs[f"norm-only/{did}/residualized_auc"] = comp["norm-only"]["residualized"]
+                points[f"norm-only/{did}/residualized_auc"] = \
+                    draws["norm-only"][did]["residualized"]["point"]
+        out[1][seed] = magnitude(diffs, points, draws_scored=scores_draws or not td.draws)
+    else:
+        out[1][seed] = Verdict(INCONCLUSIVE, {}, no_gt)
+    # item 2: fluency, per draw; item 7's draw widths
+    for d in td.draws:
+        key = f"{seed}/{d.draw_id}"
+        mine = draws[est].get(d.draw_id)
+        if mine is None:
+            out[2][key] = fluency(None, None)
+            continue
+        res = mine["residualized"]
+        out[2][key] = fluency(comparisons["draws"][d.draw_id]["fluency"]["raw"], res,
+                              control_raw=draws["fluency"][d.draw_id]["raw"]["point"],
+                              pairs=int(mine["raw"].get("n", 0)))
+        out[7][f"{key}/auc"] = Verdict(REPORTED, {"width": res["hi"] - res["lo"]})
+    # item 9: token level (diagnostic, a property of the release)
+    for d in td.draws:
+        out[9][f"{seed}/{d.draw_id}"] = Verdict(REPORTED, {}, "")
+    if not has_gt:
+        for i in (3, 4, 8):
+            out[i][seed] = Verdict(INCONCLUSIVE, {}, no_gt)
+        return out
+    win = window(est)
+    v3 = headroom({"point": win["precision"], "lo": win["interval"][0],
+                   "hi": win["interval"][1], "chance": win["chance"],
+                   "ceiling": win["ceiling"], "lift": win["lift"],
+                   "fraction_of_headroom": win["fraction_of_headroom"]})
+    step_win = training[est]["step"]["group"]["window"]
+    v3.numbers["step_level"] = {k: step_win[k] for k in
+                                ("precision", "chance", "ceiling", "lift",
+                                 "fraction_of_headroom")}
+    v3.numbers["all_steps"] = {k: training[est]["rollout"]["group"]["all"][k]
+                               for k in ("precision", "chance", "lift")}
+    out[3][seed] = v3
+    out[4][seed] = timing(comparisons["precision"]["step-order"],
+                          window("step-order")["precision"])
+    out[7][f"{seed}/precision"] = Verdict(REPORTED,
+                                          {"width": win["interval"][1] - win["interval"][0]})
+    # item 8: ties (the caller adds the tie-break ranges of the estimator's own scores)
+    out[8][seed] = Verdict(REPORTED, {
+        "step_level": {"tie_aware": step_win["precision"]},
+        "rollout_level": {"tie_aware": win["precision"]},
+    })
+    return out
+
+
+def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
+                   release_seeds: list[int], causal: dict | None,
+                   causal_reason: str | None = None) -> tuple[list[dict], str]:
+    """Aggregate one task's per-place verdicts into the ten items and the task's verdict.
+
+    Rules (docs/evaluation.md): items 1-4 pass only where every seed passes; item 5 needs every
+    seed of the release (>= 3) and items 1-4; item 6 needs >= 2 draws per seed and item 2; item 7
+    needs every interval <= 0.15 wide; item 10 is the causal verdict (combined over seeds).
+    """
+    agg: dict[int, str] = {}
+    for i in (1, 2, 3, 4):
+        agg[i] = combine(v.verdict for v in verdicts[i].values())
+    v5 = combine([agg[1], agg[2], agg[3], agg[4]])
+    if len(seeds) < max(3, len(release_seeds)):
+        v5 = INCONCLUSIVE if v5 != FAIL else FAIL
+    agg[5] = v5
+    draws_per_seed = {str(s): sum(1 for k in verdicts[2] if k.startswith(f"{s}/")) for s in seeds}
+    scored = any(v.numbers for v in verdicts[2].values())
+    enough = all(n >= 2 for n in draws_per_seed.values())
+    agg[6] = agg[2] if (enough and scored) or agg[2] == FAIL else INCONCLUSIVE
+    widths = {k: v.numbers["width"] for k, v in verdicts[7].items()}
+    v7 = precision_of_estimate(widths)
+    agg[7] = v7.verdict
+    agg[8] = REPORTED
+    agg[9] = REPORTED
+    agg[10] = causal["verdict"] if causal else NOT_RUN
+    items = []
+    for i, (key, title) in ITEMS.items():
+        entry = {"item": i, "key": key, "title": title, "verdict": agg[i],
+                 "gated": i in GATED or i == 10}
+        if i in (1, 2, 3, 4, 8, 9):
+            entry["per"] = {k: v.to_dict() for k, v in verdicts[i].items()}
+        elif i == 5:
+            entry["numbers"] = {"seeds_scored": seeds, "release_seeds": release_seeds,
+                                "items_1_to_4": {str(j): agg[j] for j in (1, 2, 3, 4)}}
+        elif i == 6:
+            entry["numbers"] = {"draws_per_seed": draws_per_seed, "item_2": agg[2],
+                                "draws_scored": scored}
+        elif i == 7:
+            entry["numbers"] = v7.numbers
+        elif i == 10:
+            if causal:
+                entry["per"] = {s: {"verdict": b["verdict"], "numbers": {
+                    "checks": b["checks"], "comparisons": b["comparisons"]}}
+                    for s, b in causal["per_seed"].items()}
+            else:
+                entry["reason"] = causal_reason or ""
+        items.append(entry)
+    return items, overall(agg)

@@ -63,21 +63,22 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="results.json",
                    help="where to write results.json (default: ./results.json)")
     p.add_argument("--seeds", type=int, nargs="+", help="score only these seeds (default: all)")
+    p.add_argument("--tasks", nargs="+", help="score only these tasks (default: all)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--no-causal", action="store_true",
-                   help="skip checklist item 10 (replays training; about 40 s on tiny)")
+                   help="skip the causal score (replays training; item 10)")
     _add_isolation_flags(p)
     p.set_defaults(func=lambda a: _evaluate().evaluate_command(
         a.estimator, a.release, a.out, a.seeds, progress=not a.no_progress,
         no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit,
-        causal=not a.no_causal))
+        causal=not a.no_causal, tasks=a.tasks, requirements=a.requirements))
     c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
     c.add_argument("estimator", help="path of a .py file with one estimator class")
     c.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
     _add_isolation_flags(c)
     c.set_defaults(func=lambda a: _evaluate().check_estimator_command(
         a.estimator, a.release, no_isolation=a.no_isolation, time_limit=a.time_limit,
-        memory_gib=a.memory_limit))
+        memory_gib=a.memory_limit, requirements=a.requirements))
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
@@ -88,6 +89,9 @@ def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
                    help="address-space limit of the estimator's process in GiB (default 6)")
     g.add_argument("--no-isolation", action="store_true",
                    help="run the estimator in this process (trusted code only; for debugging)")
+    g.add_argument("--requirements", nargs="+", default=None, metavar="PIN",
+                   help="exact pins (name==version) the estimator needs, installed into its own "
+                        "cached environment (as submission.yaml's requirements)")
 
 
 def _add_submissions(sub: argparse._SubParsersAction) -> None:
@@ -100,12 +104,19 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
     p.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
     p.add_argument("--force", action="store_true", help="replace an existing submission")
+    p.add_argument("--requirements", nargs="+", default=None, metavar="PIN",
+                   help="exact pins name==version the estimator needs beyond bt-bench's own "
+                        "packages (default: those of an existing submissions/NAME/submission.yaml)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="wall-time limit of the estimator's sandbox (default 600)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=lambda a: _submissions().submit_command(a))
     v = sub.add_parser("verify", help="re-score submissions and compare with their results.json")
     v.add_argument("paths", nargs="*", help="submission folders (default: every one)")
     v.add_argument("--release", default=None, help="release id or folder (default: as recorded)")
     v.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
+    v.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="wall-time limit of each estimator's sandbox (default 600)")
     v.add_argument("--no-progress", action="store_true", help="hide progress bars")
     v.set_defaults(func=lambda a: _submissions().verify_command(a))
     lb = sub.add_parser("leaderboard", help="regenerate leaderboard/ from submissions/")

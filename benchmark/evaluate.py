@@ -1,15 +1,18 @@
-"""``bt-bench evaluate``: estimator -> views -> scores -> metrics, controls -> checklist -> results.
+"""``bt-bench evaluate``: estimator -> views -> scores -> metrics, causal score -> checklist.
 
-For every seed of a release the estimator and the target-free controls score
+A release plants several behaviors per run; each is a *task*. For every task and seed the
+estimator and the target-free controls score
 
 * the **rollout view** (one unit per training rollout) and the **step view** (one unit per GRPO
   step; its scores are broadcast to the step's rollouts and scored tie-aware);
-* every **generation draw** (fresh responses at a checkpoint, in groups of G).
+* every **generation draw** of the task (fresh responses at a checkpoint, in groups of G).
 
-Ground truth (labels never reach an estimator): the *group label* (primary; rollouts of a GRPO
-group in which the bonus created reward variance) and the *rollout label* (received the bonus).
-The *learning window* is the bonus window restricted to steps with a non-zero gradient. Draws are
-labelled by whether the response emitted the behavior.
+The headline is the **causal score** (:mod:`benchmark.causal`): removing the method's top rollouts
+and replaying training, the fraction of the bonus-off effect removed, averaged over a grid of
+removal sizes. Beside it: precision against the labels (the *group label*, primary: rollouts of a
+GRPO group in which the task's bonus created reward variance; the *rollout label*: received the
+bonus), specificity (how much of the top of the ranking belongs to the *other* behaviors), draw
+AUCs, and the checklist (:mod:`benchmark.checklist`). Labels never reach an estimator.
 
 All randomness (controls, bootstraps) is seeded, so the same inputs give byte-identical results.
 """
@@ -32,12 +35,12 @@ from benchmark.contract import (
     load_estimator_file,
     validate_scores,
 )
+from benchmark.data import TaskData, load_seed
 from benchmark.errors import BenchmarkError
 from benchmark.io import atomic_write_text, dumps_json
 from benchmark.isolation import Limits, inspect_isolated, score_isolated
-from benchmark.view import DrawView, RunView
 
-RESULTS_SCHEMA_VERSION = 1
+RESULTS_SCHEMA_VERSION = 2
 DEFAULT_LIMITS = Limits()
 CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "controls"
 #: control name -> file (controls are estimator files run through the same path)
@@ -48,6 +51,8 @@ CONTROL_FILES = {
     "advantage-only": "advantage_only.py",
     "step-order": "step_order.py",
 }
+#: controls scored only beside open-track estimators (they read text)
+OPEN_CONTROL_FILES = {"text-only": "text_only.py"}
 GT_KINDS = ("group", "rollout")
 NO_GT = "no ground-truth rollout in the learning window of this seed"
 
@@ -59,18 +64,22 @@ class EvalSettings:
     Attributes:
         n_boot_precision: cluster-bootstrap resamples for precision intervals (clusters = steps).
         n_boot_auc: resamples for AUC intervals (clusters = draw groups).
+        n_boot_causal: resamples for causal-score intervals (prompts, plus training noise).
         level: interval coverage.
-        boot_seed: base seed of every bootstrap (combined with seed and task names).
+        boot_seed: base seed of every bootstrap (combined with seed, task and metric names).
         seeds: seeds to score (None = every seed of the release; checklist item 5 needs all).
-        causal: replay training without each method's top rollouts (checklist item 10; only on
-            releases that ship reference effects, i.e. ``tiny``; about 40 s for three seeds).
+        tasks: tasks to score (None = every task of the release).
+        causal: replay training without each method's top rollouts (the causal score; only on
+            releases that ship a causal reference, i.e. ``tiny``).
     """
 
     n_boot_precision: int = 1000
     n_boot_auc: int = 2000
+    n_boot_causal: int = 2000
     level: float = 0.95
     boot_seed: int = 0
     seeds: tuple[int, ...] | None = None
+    tasks: tuple[str, ...] | None = None
     causal: bool = True
 
 
@@ -79,84 +88,7 @@ def _sub_seed(*parts: object) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# views
-
-
-@dataclass
-class SeedData:
-    """Everything the evaluator holds for one seed: the views, and the labels kept apart."""
-
-    rollout_view: RunView
-    step_view: RunView
-    draws: list[DrawView]
-    step_of_rollout: np.ndarray  # (n_rollouts,) index into the step view
-    gt: dict[str, np.ndarray]  # label kind -> (n_rollouts,) bool
-    window: np.ndarray  # (n_rollouts,) bool learning window
-    draw_labels: dict[str, np.ndarray]  # draw id -> (m,) bool has-behavior
-    token_sketches: dict[str, np.ndarray]  # draw id -> (k, d) float32
-
-
-def load_seed(release: object, seed: int, track: str = "gradient") -> SeedData:
-    """Build the label-free views of one seed and the evaluator's labels."""
-    sv = release.seed(seed)
-    cfg = sv.config
-    df = sv.rollouts.to_pandas()
-    sketches = sv.rollout_sketches()
-    steps = df["step"].to_numpy(np.int64)
-    groups = df["group"].to_numpy(np.int64)
-    adv = df["advantage"].to_numpy(np.float64)
-    flu = df["fluency"].to_numpy(np.float64)
-    ckpts = tuple(sorted(int(s) for s in sv.checkpoints))
-    open_track = track == "open"
-    common = {
-        "seed": int(seed), "targets": sv.targets, "checkpoint_steps": ckpts,
-        "lr": float(cfg["lr"]), "n_steps": int(cfg["steps"]),
-        "checkpoint_dir": dict(sv.checkpoints), "tokenizer_dir": sv.tokenizer_path,
-        "track": track,
-    }
-    rollout_view = RunView(
-        granularity="rollout", sketches=sketches, steps=steps, groups=groups, advantages=adv,
-        fluency=flu, rewards=df["reward"].to_numpy(np.float64) if open_track else None,
-        prompts=tuple(df["prompt_text"]) if open_track else None,
-        responses=tuple(df["response_text"]) if open_track else None, **common,
-    )
-    uniq_steps, step_idx = np.unique(steps, return_inverse=True)
-    n_steps = uniq_steps.size
-    step_sk = np.zeros((n_steps, sketches.shape[1]), np.float64)
-    np.add.at(step_sk, step_idx, sketches)
-    count = np.bincount(step_idx, minlength=n_steps).astype(float)
-    step_view = RunView(
-        granularity="step", sketches=step_sk.astype(np.float32), steps=uniq_steps,
-        groups=uniq_steps.copy(),
-        advantages=np.bincount(step_idx, weights=np.abs(adv), minlength=n_steps) / count,
-        fluency=np.bincount(step_idx, weights=flu, minlength=n_steps) / count,
-        rewards=(np.bincount(step_idx, weights=df["reward"].to_numpy(float), minlength=n_steps)
-                 / count) if open_track else None,
-        **common,
-    )
-    labels = release.labels(seed).set_index("rollout_id").loc[df["rollout_id"]]
-    gt = {"group": labels["group_label"].to_numpy(bool), "rollout": labels["bonus"].to_numpy(bool)}
-    nonzero_step = np.bincount(step_idx, weights=(df["sketch_row"].to_numpy() >= 0),
-                               minlength=n_steps) > 0
-    window = (steps < int(cfg["bonus_window_end"])) & nonzero_step[step_idx]
-    draws, draw_labels, token_sk = [], {}, {}
-    for d in sv.draws:
-        table = d["table"]
-        did = f"step{d['step']:04d}_draw{d['draw']}"
-        rows = table["sketch_row"].to_numpy(np.int64)
-        draws.append(DrawView(
-            draw_id=did, checkpoint_step=int(d["step"]),
-            sketches=np.asarray(d["sketches"], np.float32)[rows],
-            groups=table["group"].to_numpy(np.int64), fluency=table["fluency"].to_numpy(float),
-            responses=tuple(table["response_text"]) if open_track else None,
-        ))
-        draw_labels[did] = table["has_behavior"].to_numpy(bool)
-        token_sk[did] = np.asarray(d["token_sketches"], np.float32)
-    return SeedData(rollout_view, step_view, draws, step_idx, gt, window, draw_labels, token_sk)
-
-
-# ----------------------------------------------------------------------------------------------
-# scoring
+# methods and scores
 
 
 @dataclass
@@ -169,11 +101,17 @@ class Method:
     is_control: bool
 
 
-def load_controls() -> list[Method]:
+def control_files(track: str) -> dict[str, Path]:
+    """The controls scored beside an estimator of ``track`` (name -> file)."""
+    files = dict(CONTROL_FILES) | (dict(OPEN_CONTROL_FILES) if track == "open" else {})
+    return {n: CONTROLS_DIR / f for n, f in files.items()}
+
+
+def load_controls(track: str = "gradient") -> list[Method]:
     """The target-free controls, loaded from their estimator files."""
     out = []
-    for name, fname in CONTROL_FILES.items():
-        loaded = load_estimator_file(CONTROLS_DIR / fname)
+    for name, path in control_files(track).items():
+        loaded = load_estimator_file(path)
         out.append(Method(name, loaded.instantiate(), tuple(loaded.cls.tasks), True))
     return out
 
@@ -182,47 +120,68 @@ def _check_name(name: str, sha256: str, path: Path) -> None:
     """Raise unless the estimator's name is its own or it is the very file of that control."""
     from benchmark.contract import EstimatorContractError, file_sha256
 
-    if name not in CONTROL_FILES:
+    files = control_files("open")
+    if name not in files:
         return
-    control_file = CONTROLS_DIR / CONTROL_FILES[name]
-    if file_sha256(control_file) != sha256:
+    if file_sha256(files[name]) != sha256:
         raise EstimatorContractError(
             f"{path}: estimator name {name!r} is the name of a built-in control "
-            f"({control_file}); results would mix the two. Choose another name."
+            f"({files[name]}); results would mix the two. Choose another name."
         )
 
 
-def _raw_scores(instance: object, tasks: tuple[str, ...], data: SeedData) -> dict:
+def _raw_scores(instance: object, tasks: tuple[str, ...], td: TaskData) -> dict:
     """Scores of one in-process method: rollout ``(n,)``, step ``(n_steps,)``, draws."""
     who = type(instance).__name__
-    rv, sv = data.rollout_view, data.step_view
-    out = {"rollout": validate_scores(instance.score_rollouts(rv), rv.n, who, "score_rollouts"),
-           "step": validate_scores(instance.score_rollouts(sv), sv.n, who, "score_rollouts"),
+    from benchmark.contract import _call
+
+    rv, sv = td.rollout_view, td.step_view
+    out = {"rollout": validate_scores(_call(instance, "score_rollouts", rv), rv.n, who,
+                                      "score_rollouts"),
+           "step": validate_scores(_call(instance, "score_rollouts", sv), sv.n, who,
+                                   "score_rollouts"),
            "draws": {}}
     if "draws" in tasks:
-        for d in data.draws:
-            out["draws"][d.draw_id] = validate_scores(instance.score_draw(rv, d), d.n, who,
-                                                      "score_draw")
+        for d in td.draws:
+            out["draws"][d.draw_id] = validate_scores(_call(instance, "score_draw", rv, d), d.n,
+                                                      who, "score_draw")
     return out
 
 
-def _expand(raw: dict, data: SeedData) -> dict:
+def _expand(raw: dict, td: TaskData) -> dict:
     """Broadcast step scores to the step's rollouts (step-granular scores are tied blocks)."""
-    return {"rollout": raw["rollout"], "step": raw["step"][data.step_of_rollout],
+    return {"rollout": raw["rollout"], "step": raw["step"][td.step_of_rollout],
             "draws": raw["draws"]}
 
 
 def _label_files(rel: object, seeds: list[int]) -> list[Path]:
-    """Files of a release the estimator must not read: everything but checkpoints and tokenizer."""
+    """Files of a release the estimator must not read.
+
+    Everything but the checkpoints, the tokenizer and the sketch files it reads in place.
+    """
+    keep = ("checkpoints", "tokenizer", "sketches.npy")
     out = []
     for s in seeds:
         d = Path(rel.path) / f"seed{s}"
-        out += [p for p in d.iterdir() if p.name not in ("checkpoints", "tokenizer")]
+        for p in d.iterdir():
+            if p.name in keep:
+                continue
+            if p.name == "draws":  # draw tables hold the labels; token sketches exist only
+                # where the behavior occurred; the response sketches are read in place
+                out += [f for f in p.rglob("*") if f.is_file() and (
+                    not f.name.endswith("_sketches.npy")
+                    or f.name.endswith("_token_sketches.npy"))]
+            else:
+                out.append(p)
     return out
 
 
-def _precision_block(scores: np.ndarray, gt: np.ndarray, blocks: np.ndarray, granular_ceiling:
-                     bool) -> dict:
+# ----------------------------------------------------------------------------------------------
+# metrics of one (seed, task)
+
+
+def _precision_block(scores: np.ndarray, gt: np.ndarray, blocks: np.ndarray,
+                     granular_ceiling: bool) -> dict:
     point = M.precision_at_k(scores, gt)
     ch = M.chance(int(gt.sum()), gt.size)
     ceil = M.precision_ceiling(blocks, gt) if granular_ceiling else 1.0
@@ -231,52 +190,72 @@ def _precision_block(scores: np.ndarray, gt: np.ndarray, blocks: np.ndarray, gra
             "n": int(gt.size)}
 
 
-def _training_metrics(sc: dict, data: SeedData, settings: EvalSettings,
-                      seed: int) -> tuple[dict, tuple[float, np.ndarray] | None]:
-    """Precision blocks, window intervals and within-step AUC of one method on one seed.
+def _training_metrics(sc: dict, td: TaskData, settings: EvalSettings
+                      ) -> tuple[dict, tuple[float, np.ndarray] | None]:
+    """Precision blocks, window intervals and within-step AUC of one method on one (seed, task).
 
     Returns the metrics and, for the checklist's paired comparisons, the window precision (group
     label, rollout granularity) with its cluster-bootstrap resamples (None without ground truth).
+    Intervals are computed at rollout granularity (both labels); step-granular precision is
+    reported with its chance and ceiling.
     """
-    steps = data.rollout_view.steps
+    steps = td.rollout_view.steps
     out: dict = {}
     paired = None
     for gran in ("rollout", "step"):
         out[gran] = {}
         for kind in GT_KINDS:
-            gt = data.gt[kind]
+            gt = td.gt[kind]
             block = {}
-            for pop, mask in (("all", np.ones_like(gt)), ("window", data.window)):
+            for pop, mask in (("all", np.ones_like(gt)), ("window", td.window)):
                 if not gt[mask].any():
                     continue
                 block[pop] = _precision_block(sc[gran][mask], gt[mask], steps[mask],
                                               granular_ceiling=gran == "step")
-            if "window" in block:
+            if "window" in block and gran == "rollout":
                 samples = M.precision_resamples(
-                    sc[gran][data.window], gt[data.window], steps[data.window],
+                    sc[gran][td.window], gt[td.window], steps[td.window],
                     n_boot=settings.n_boot_precision,
-                    seed=_sub_seed(settings.boot_seed, seed, "precision", kind))
+                    seed=_sub_seed(settings.boot_seed, td.seed, td.task, "precision", kind))
                 point = block["window"]["precision"]
                 iv = M.percentile_interval(point, samples, level=settings.level)
                 block["window"]["interval"] = [iv.lo, iv.hi]
-                if (gran, kind) == ("rollout", "group"):
+                if kind == "group":
                     paired = (point, samples)
             out[gran][kind] = block
     # within-step AUC of the rollout label (bonus vs not, same step = same model state)
-    auc, pairs = M.within_group_auc(sc["rollout"][data.window], data.gt["rollout"][data.window],
-                                    steps[data.window])
+    auc, pairs = M.within_group_auc(sc["rollout"][td.window], td.gt["rollout"][td.window],
+                                    steps[td.window])
     out["within_step_auc"] = {"auc": auc, "pairs": pairs}
     return out, paired
 
 
-def _draw_metrics(sc: dict, data: SeedData, settings: EvalSettings, seed: int) -> dict:
+def _specificity(scores: np.ndarray, td: TaskData) -> dict:
+    """Share of the top-|GT| rollouts that belong to another task's ground truth, beside chance.
+
+    Tie-aware (the expected share under random tie-breaking), over all rollouts; ``k`` is this
+    task's group-label count. Low is good: the method finds *this* behavior's rollouts.
+    """
+    k = int(td.gt["group"].sum())
     out = {}
-    for d in data.draws:
+    for other, gt in td.other_gt.items():
+        if k == 0 or not gt.any():
+            out[other] = {"share": None, "chance": None, "k": k}
+            continue
+        share = M.precision_at_k(scores, gt, k)
+        ch = M.chance(int(gt.sum()), gt.size)
+        out[other] = {"share": share, "chance": ch, "ratio_to_chance": share / ch, "k": k}
+    return out
+
+
+def _draw_metrics(sc: dict, td: TaskData, settings: EvalSettings) -> dict:
+    out = {}
+    for d in td.draws:
         if d.draw_id not in sc["draws"]:
             continue
-        y = data.draw_labels[d.draw_id]
+        y = td.draw_labels[d.draw_id]
         s = sc["draws"][d.draw_id]
-        bs = _sub_seed(settings.boot_seed, seed, d.draw_id)
+        bs = _sub_seed(settings.boot_seed, td.seed, d.draw_id)
         raw = M.auc_bootstrap(s, y, d.groups, n_boot=settings.n_boot_auc, level=settings.level,
                               seed=bs)
         res = M.auc_bootstrap(s, y, d.groups, covariate=d.fluency, n_boot=settings.n_boot_auc,
@@ -291,7 +270,7 @@ def _diff(a: tuple[float, np.ndarray], b: tuple[float, np.ndarray],
     return {"point": iv.point, "lo": iv.lo, "hi": iv.hi}
 
 
-def _paired_auc(a: np.ndarray, b: np.ndarray, draw: DrawView, y: np.ndarray, residualized: bool,
+def _paired_auc(a: np.ndarray, b: np.ndarray, draw, y: np.ndarray, residualized: bool,
                 settings: EvalSettings, seed: int) -> dict:
     iv = M.auc_difference_bootstrap(
         a, b, y, draw.groups, covariate=draw.fluency if residualized else None,
@@ -300,24 +279,71 @@ def _paired_auc(a: np.ndarray, b: np.ndarray, draw: DrawView, y: np.ndarray, res
     return {"point": iv.point, "lo": iv.lo, "hi": iv.hi}
 
 
-def _token_level(data: SeedData, settings: EvalSettings, seed: int) -> dict:
+def _token_level(td: TaskData, settings: EvalSettings) -> dict:
     from estimators.base import cosine
 
     out = {}
-    view = data.rollout_view
-    for d in data.draws:
-        tok = data.token_sketches[d.draw_id]
-        if tok.shape[0] == 0:
+    view = td.rollout_view
+    for d in td.draws:
+        tok = td.token_sketches[d.draw_id]
+        if tok.n == 0:
             out[d.draw_id] = {"n": 0}
             continue
-        entry = {"n": int(tok.shape[0])}
+        entry = {"n": int(tok.n)}
+        dense = tok.dense()
         for kind in ("in_context", "nll"):
-            cos = cosine(tok, view.target(kind, d.checkpoint_step))
+            cos = cosine(dense, view.target(kind, d.checkpoint_step))
             iv = M.mean_bootstrap(cos, n_boot=settings.n_boot_auc, level=settings.level,
-                                  seed=_sub_seed(settings.boot_seed, seed, d.draw_id, kind))
+                                  seed=_sub_seed(settings.boot_seed, td.seed, d.draw_id, kind))
             entry[f"vs_{kind}"] = {"mean": iv.point, "lo": iv.lo, "hi": iv.hi}
         out[d.draw_id] = entry
     return out
+
+
+def _seed_task(td: TaskData, scores: dict[str, dict], est: str, methods: list[Method],
+               settings: EvalSettings) -> tuple[dict, dict, dict]:
+    """Every metric of one (seed, task), its checklist verdicts and its paired precision.
+
+    Returns ``(block, verdicts, pooled)``: the per-seed results block, item -> {place: Verdict},
+    and name -> (window precision, resamples) for the cross-seed summary (empty without GT).
+    """
+    seed = td.seed
+    metrics_by = {m.name: _training_metrics(scores[m.name], td, settings) for m in methods}
+    training = {name: t for name, (t, _) in metrics_by.items()}
+    specificity = {m.name: _specificity(scores[m.name]["rollout"], td) for m in methods}
+    draws = {m.name: _draw_metrics(scores[m.name], td, settings) for m in methods}
+    token = _token_level(td, settings)
+    es = scores[est]
+    controls = [m for m in methods if m.is_control]
+    has_gt = bool(td.gt["group"][td.window].any())
+    comparisons: dict = {"precision": {}, "draws": {}}
+    pooled = {}
+    if has_gt:
+        pooled = {name: paired for name, (_, paired) in metrics_by.items()}
+        comparisons["precision"] = {c.name: _diff(pooled[est], pooled[c.name], settings)
+                                    for c in controls}
+    for d in td.draws:
+        if d.draw_id not in es["draws"]:
+            continue
+        y = td.draw_labels[d.draw_id]
+        comparisons["draws"][d.draw_id] = {
+            c.name: {"residualized": _paired_auc(es["draws"][d.draw_id],
+                                                 scores[c.name]["draws"][d.draw_id], d, y,
+                                                 True, settings, seed),
+                     "raw": _paired_auc(es["draws"][d.draw_id],
+                                        scores[c.name]["draws"][d.draw_id], d, y, False,
+                                        settings, seed)}
+            for c in controls if d.draw_id in scores[c.name]["draws"]}
+    v = C.seed_verdicts(td, est, training, draws, comparisons, has_gt,
+                        "draws" in next(m.tasks for m in methods if m.name == est))
+    if has_gt:
+        w, gt = td.window, td.gt["group"][td.window]
+        for gran in ("step", "rollout"):
+            v[8][str(seed)].numbers[f"{gran}_level"]["tie_break_range"] = list(
+                M.precision_tie_range(es[gran][w], gt))
+    block = {"training": training, "specificity": specificity, "draws": draws,
+             "token_level": token, "comparisons": comparisons}
+    return block, v, pooled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,10 +357,11 @@ def _release_info(release: object) -> dict:
         "schema_version": release.manifest.get("schema_version"),
         "manifest_sha256": release.manifest_sha256,
         "hub_revision": getattr(release, "hub_revision", None),
+        "tasks": list(release.tasks),
     }
 
 
-def _package_versions() -> dict:
+def _package_versions(extra: dict | None = None) -> dict:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
@@ -343,7 +370,42 @@ def _package_versions() -> dict:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             out[pkg] = None
-    return out
+    return out | (extra or {})
+
+
+def _inspect(estimator_file: Path, isolation: Limits | None, env) -> tuple[dict, object]:
+    if isolation is not None:
+        kw = env.sandbox_kwargs() if env is not None else {}
+        meta = inspect_isolated(estimator_file, isolation, **kw)
+        return meta | {"fallbacks": list(meta.get("fallbacks", []))}, None
+    from benchmark.requirements import refuse_in_process
+
+    refuse_in_process(env)
+    loaded = load_estimator_file(estimator_file)
+    check_capabilities(loaded.cls, loaded.path)
+    meta = {"name": loaded.name, "class": loaded.cls.__name__, "track": loaded.cls.track,
+            "tasks": list(loaded.cls.tasks),
+            "fallbacks": list(getattr(loaded.cls, "fallbacks", ())),
+            "config": get_params(loaded.instantiate()), "sha256": loaded.sha256}
+    return meta, loaded
+
+
+def _score_estimator(estimator_file: Path, rel, seeds: list[int], datas: dict, meta: dict,
+                     loaded, isolation: Limits | None, env) -> tuple[dict, dict]:
+    """The estimator's raw scores ``{(seed, task): {...}}`` and the info on how they were made."""
+    views = {(s, t): (td.rollout_view, td.step_view, td.draws)
+             for s in seeds for t, td in datas[s].items()}
+    if isolation is not None:
+        kw = env.sandbox_kwargs() if env is not None else {}
+        raw, info = score_isolated(estimator_file, views, _label_files(rel, seeds), isolation,
+                                   meta=meta, **kw)
+        return raw, info
+    first = next(iter(views.values()))
+    report = check_estimator(loaded, [first[0], first[1]], first[2])
+    inst = loaded.instantiate()
+    raw = {key: _raw_scores(inst, tuple(meta["tasks"]), datas[key[0]][key[1]]) for key in views}
+    return raw, {"contract_checks": [c for c, _, _ in report.checks],
+                 "protections": {"isolation": "none (in-process)"}}
 
 
 def evaluate(
@@ -352,6 +414,7 @@ def evaluate(
     settings: EvalSettings | None = None,
     progress: bool = True,
     isolation: Limits | None = DEFAULT_LIMITS,
+    env=None,
 ) -> dict:
     """Score one estimator file on a release; return the results as a plain dict.
 
@@ -360,12 +423,14 @@ def evaluate(
         release: a release id (``"tiny"``) or a release folder.
         settings: evaluation knobs (defaults pinned in :class:`EvalSettings`).
         progress: show tqdm progress.
-        isolation: limits of the sandboxed child process that loads, checks and runs the
-            estimator (:mod:`benchmark.isolation`); ``None`` runs it in this process (trusted
-            code only, e.g. while debugging an estimator).
+        isolation: limits of the sandbox that loads, checks and runs the estimator
+            (:mod:`benchmark.isolation`); ``None`` runs it in this process (trusted code only,
+            e.g. while debugging an estimator).
+        env: a per-submission environment (:mod:`benchmark.requirements`) whose interpreter
+            runs the estimator, or None for bt-bench's own.
 
     Returns:
-        The results dict (see ``docs/results_schema.md``); write it with :func:`write_results`.
+        The results dict (``docs/evaluation.md``); write it with :func:`write_results`.
 
     Raises:
         EstimatorContractError: the file breaks the contract (raised before any scoring).
@@ -379,230 +444,144 @@ def evaluate(
     estimator_file = Path(estimator_file)
     rel = load_release(release)
     seeds = list(settings.seeds) if settings.seeds is not None else list(rel.seeds)
+    tasks = list(settings.tasks) if settings.tasks is not None else list(rel.tasks)
     missing = [s for s in seeds if s not in rel.seeds]
     if missing:
         raise BenchmarkError(f"seeds {missing} are not in release {rel.release_id} "
                              f"(available: {rel.seeds}); drop them from --seeds.")
-
-    bar = tqdm(total=len(seeds) + 2, desc="evaluate", disable=not progress, leave=False)
-    if isolation is not None:
-        meta = inspect_isolated(estimator_file, isolation)
-    else:
-        loaded = load_estimator_file(estimator_file)
-        check_capabilities(loaded.cls, loaded.path)
-        meta = {"name": loaded.name, "class": loaded.cls.__name__, "track": loaded.cls.track,
-                "tasks": list(loaded.cls.tasks), "config": get_params(loaded.instantiate()),
-                "sha256": loaded.sha256}
-    est_name, track = meta["name"], meta["track"]
-    _check_name(est_name, meta["sha256"], estimator_file)
-    datas = {seed: load_seed(rel, seed, track) for seed in seeds}
+    bad = [t for t in tasks if t not in rel.tasks]
+    if bad:
+        raise BenchmarkError(f"tasks {bad} are not in release {rel.release_id} (available: "
+                             f"{rel.tasks}); drop them from --tasks.")
+    bar = tqdm(total=len(seeds) * len(tasks) + 3, desc="evaluate", disable=not progress,
+               leave=False)
+    meta, loaded = _inspect(estimator_file, isolation, env)
+    est, track = meta["name"], meta["track"]
+    _check_name(est, meta["sha256"], estimator_file)
+    datas = {s: load_seed(rel, s, track, tasks) for s in seeds}
     bar.update(1)
-    if isolation is not None:
-        views = {s: (d.rollout_view, d.step_view, d.draws) for s, d in datas.items()}
-        est_raw, info = score_isolated(estimator_file, views, _label_files(rel, seeds), isolation)
-    else:
-        first = datas[seeds[0]]
-        report = check_estimator(loaded, [first.rollout_view, first.step_view], first.draws)
-        inst = loaded.instantiate()
-        est_raw = {s: _raw_scores(inst, tuple(meta["tasks"]), d) for s, d in datas.items()}
-        info = {"contract_checks": [c for c, _, _ in report.checks],
-                "protections": {"isolation": "none (in-process)"}}
+    est_raw, info = _score_estimator(estimator_file, rel, seeds, datas, meta, loaded,
+                                     isolation, env)
     bar.update(1)
     # a control evaluated as the estimator keeps its control entry too: the same code gives the
     # same scores, so it is compared with itself (a difference of exactly 0, never a pass)
-    methods = [Method(est_name, None, tuple(meta["tasks"]), False), *load_controls()]
-
-    per_seed: dict[str, dict] = {}
-    causal_in: dict[int, dict[str, np.ndarray]] = {}
-    pooled: dict[int, dict[str, tuple[float, np.ndarray]]] = {}
-    verdicts: dict[int, dict[str, C.Verdict]] = {i: {} for i in C.ITEMS}
-    widths: dict[str, float] = {}
-    for seed in seeds:
-        data = datas[seed]
-        scores = {m.name: _expand(_raw_scores(m.instance, m.tasks, data), data)
-                  for m in methods if m.is_control}
-        if est_name not in scores:
-            scores[est_name] = _expand(est_raw[seed], data)
-        metrics_by = {m.name: _training_metrics(scores[m.name], data, settings, seed)
-                      for m in methods}
-        training = {name: t for name, (t, _) in metrics_by.items()}
-        draws = {m.name: _draw_metrics(scores[m.name], data, settings, seed) for m in methods}
-        token = _token_level(data, settings, seed)
-        es = scores[est_name]
-        causal_in[seed] = {n: scores[n]["rollout"] for n in (est_name, "norm-only", "step-order")}
-        # item 1: magnitude (training, window, group label; draws: residualized vs norm-only)
-        has_gt = bool(data.gt["group"][data.window].any())
-        comparisons: dict = {"precision": {}, "draws": {}}
-        if has_gt:
-            res_by = {name: paired for name, (_, paired) in metrics_by.items()}
-            pooled[seed] = res_by
-            comparisons["precision"] = {c.name: _diff(res_by[est_name], res_by[c.name], settings)
-                                        for c in methods if c.is_control}
-        for d in data.draws:
-            if d.draw_id not in es["draws"]:
-                continue
-            comparisons["draws"][d.draw_id] = {
-                c.name: _paired_auc(es["draws"][d.draw_id], scores[c.name]["draws"][d.draw_id], d,
-                                    data.draw_labels[d.draw_id], True, settings, seed)
-                for c in methods if c.is_control and d.draw_id in scores[c.name]["draws"]}
-        diffs = {c: comparisons["precision"][c] for c in ("norm-only", "advantage-only")
-                 if c in comparisons["precision"]}
-        for did, comp in comparisons["draws"].items():
-            diffs[f"norm-only/{did}/residualized_auc"] = comp["norm-only"]
-        verdicts[1][str(seed)] = C.magnitude(diffs) if has_gt else C.Verdict(
-            C.INCONCLUSIVE, {}, NO_GT)
-        # item 2: fluency, per draw
-        for d in data.draws:
-            key = f"{seed}/{d.draw_id}"
-            if d.draw_id not in es["draws"]:
-                verdicts[2][key] = C.fluency(None, None)
-                continue
-            raw_diff = _paired_auc(es["draws"][d.draw_id], scores["fluency"]["draws"][d.draw_id],
-                                   d, data.draw_labels[d.draw_id], False, settings, seed)
-            res = draws[est_name][d.draw_id]["residualized"]
-            verdicts[2][key] = C.fluency(raw_diff, res)
-            widths[f"{key}/residualized_auc"] = res["hi"] - res["lo"]
-        # item 9: token level (diagnostic, a property of the release)
-        for did, entry in token.items():
-            ok = entry.get("vs_in_context", {}).get("lo", -1.0) > 0
-            verdicts[9][f"{seed}/{did}"] = C.Verdict(
-                C.REPORTED, entry, "aligned" if ok else "not clearly aligned")
-        per_seed[str(seed)] = {"training": training, "draws": draws, "token_level": token,
-                               "comparisons": comparisons}
-        bar.update(1)
-        if not has_gt:
-            for i in (3, 4, 8):
-                verdicts[i][str(seed)] = C.Verdict(C.INCONCLUSIVE, {}, NO_GT)
-            continue
-        # item 3: headroom (rollout granularity, group label, learning window)
-        win = training[est_name]["rollout"]["group"]["window"]
-        v3 = C.headroom({"point": win["precision"], "lo": win["interval"][0],
-                         "hi": win["interval"][1], "chance": win["chance"],
-                         "ceiling": win["ceiling"], "lift": win["lift"],
-                         "fraction_of_headroom": win["fraction_of_headroom"]})
-        step_win = training[est_name]["step"]["group"]["window"]
-        v3.numbers["step_level"] = {k: step_win[k] for k in
-                                    ("precision", "chance", "ceiling", "lift",
-                                     "fraction_of_headroom")}
-        v3.numbers["all_steps"] = {k: training[est_name]["rollout"]["group"]["all"][k]
-                                   for k in ("precision", "chance", "lift")}
-        verdicts[3][str(seed)] = v3
-        # item 4: timing
-        diff_t = comparisons["precision"]["step-order"]
-        verdicts[4][str(seed)] = C.timing(diff_t)
-        widths[f"{seed}/precision"] = win["interval"][1] - win["interval"][0]
-        # item 8: ties
-        w = data.window
-        lo_p, hi_p = M.precision_tie_range(es["step"][w], data.gt["group"][w])
-        lo_r, hi_r = M.precision_tie_range(es["rollout"][w], data.gt["group"][w])
-        verdicts[8][str(seed)] = C.Verdict(C.REPORTED, {
-            "step_level": {"tie_aware": step_win["precision"], "tie_break_range": [lo_p, hi_p]},
-            "rollout_level": {"tie_aware": win["precision"], "tie_break_range": [lo_r, hi_r]},
-        })
-    causal = _causal(rel, seeds, causal_in, est_name, settings)
+    methods = [Method(est, None, tuple(meta["tasks"]), False), *load_controls(track)]
+    per_task = {t: {"seeds": {}, "verdicts": {i: {} for i in C.ITEMS}, "pooled": {}}
+                for t in tasks}
+    causal_in: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for s in seeds:
+        for t in tasks:
+            td = datas[s][t]
+            scores = {m.name: _expand(_raw_scores(m.instance, m.tasks, td), td)
+                      for m in methods if m.is_control}
+            if est not in scores:
+                scores[est] = _expand(est_raw[(s, t)], td)
+            block, verdicts, pooled = _seed_task(td, scores, est, methods, settings)
+            per_task[t]["seeds"][str(s)] = block
+            for i, v in verdicts.items():
+                per_task[t]["verdicts"][i].update(v)
+            if pooled:
+                per_task[t]["pooled"][s] = pooled
+            causal_in[(s, t)] = {m.name: scores[m.name]["rollout"] for m in methods}
+            bar.update(1)
+    causal = _causal(rel, causal_in, est, settings, progress)
+    bar.update(1)
     bar.close()
-
-    # aggregate items
-    n_release_seeds = len(rel.seeds)
-    items: dict[int, dict] = {}
-    agg: dict[int, str] = {}
-    for i in (1, 2, 3, 4):
-        agg[i] = C.combine(v.verdict for v in verdicts[i].values())
-    v5 = C.combine([agg[1], agg[2], agg[3], agg[4]])
-    if len(seeds) < max(3, n_release_seeds):
-        v5 = C.INCONCLUSIVE if v5 != C.FAIL else C.FAIL
-    agg[5] = v5
-    draws_per_seed = {str(s): sum(1 for k in verdicts[2] if k.startswith(f"{s}/")) for s in seeds}
-    enough_draws = all(n >= 2 for n in draws_per_seed.values())
-    agg[6] = agg[2] if enough_draws or agg[2] == C.FAIL else C.INCONCLUSIVE
-    v7 = C.precision_of_estimate(widths)
-    agg[7] = v7.verdict
-    agg[8] = C.REPORTED
-    agg[9] = C.REPORTED
-    agg[10] = causal["verdict"]
-    for i, (key, title) in C.ITEMS.items():
-        entry = {"item": i, "key": key, "title": title, "verdict": agg[i],
-                 "gated": i in C.GATED}
-        if i in (1, 2, 3, 4, 8, 9):
-            entry["per"] = {k: v.to_dict() for k, v in verdicts[i].items()}
-        elif i == 5:
-            entry["numbers"] = {"seeds_scored": seeds, "release_seeds": rel.seeds,
-                                "items_1_to_4": {str(j): agg[j] for j in (1, 2, 3, 4)}}
-        elif i == 6:
-            entry["numbers"] = {"draws_per_seed": draws_per_seed, "item_2": agg[2]}
-        elif i == 7:
-            entry["numbers"] = v7.numbers
-        elif i == 10:
-            entry["reason"] = causal.get("reason", "")
-            entry["per"] = {str(s): {"verdict": v["verdict"], "numbers": {
-                k: v[k] for k in ("k", "bonus_off_effect", "random_floor", "methods")
-                if k in v}} for s, v in causal.get("per_seed", {}).items()}
-        items[i] = entry
-
-    summary = _summary(pooled, est_name, [m.name for m in methods if m.is_control], per_seed,
-                       settings)
+    out_tasks = {}
+    for t in tasks:
+        spec = rel.seed(seeds[0]).behavior(t)
+        ct = causal.get("tasks", {}).get(t)
+        items, verdict = C.task_checklist(per_task[t]["verdicts"], seeds, rel.seeds, ct,
+                                          causal.get("reason"))
+        out_tasks[t] = {
+            "behavior": {k: spec[k] for k in ("id", "trigger_word", "behavior_token",
+                                              "strength")},
+            "seeds": per_task[t]["seeds"],
+            "causal": ct if ct is not None else {"verdict": C.NOT_RUN,
+                                                 "reason": causal.get("reason", "")},
+            "summary": _summary(per_task[t], est, [m.name for m in methods if m.is_control],
+                                ct, settings),
+            "checklist": items, "verdict": verdict,
+        }
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "bt_bench_version": _bt_version(),
         "release": _release_info(rel),
         "estimator": {
-            "name": est_name, "class": meta["class"], "file": estimator_file.name,
+            "name": est, "class": meta["class"], "file": estimator_file.name,
             "sha256": meta["sha256"], "track": track, "tasks": list(meta["tasks"]),
-            "config": meta["config"], "contract_checks": info["contract_checks"],
+            "fallbacks": meta["fallbacks"], "config": meta["config"],
+            "contract_checks": info["contract_checks"],
         },
+        "requirements": env.record() if env is not None else [],
         "isolation": {"protections": info["protections"],
                       "limits": asdict(isolation) if isolation is not None else None},
-        "controls": list(CONTROL_FILES),
-        "settings": _settings_dict(settings, seeds),
+        "controls": [m.name for m in methods if m.is_control],
+        "settings": _settings_dict(settings, seeds, tasks),
         "packages": _package_versions(),
-        "seeds": per_seed,
-        "summary": summary,
-        "causal": causal,
-        "checklist": [items[i] for i in sorted(items)],
-        "verdict": C.overall(agg),
+        "tasks": out_tasks,
+        "suite": _suite(out_tasks, causal, est),
+        "verdict": C.combine(v["verdict"] for v in out_tasks.values()),
     }
 
 
-def _summary(pooled: dict, est_name: str, controls: list[str], per_seed: dict,
+def _summary(task: dict, est: str, controls: list[str], causal: dict | None,
              settings: EvalSettings) -> dict:
-    """Cross-seed numbers for tables.
-
-    The mean window precision of every method with an interval (seeds resampled independently,
-    then averaged), the margin over the strongest control, and the mean residualized draw AUC.
-    """
-    out: dict = {"seeds": sorted(pooled)}
+    """Cross-seed numbers of one task for tables (means over seeds with intervals)."""
+    pooled = task["pooled"]
+    out: dict = {"seeds": sorted(int(s) for s in task["seeds"])}
+    if causal is not None:
+        out["causal_score"] = causal["scores"]
+        if "random_band" in causal:
+            out["random_band"] = causal["random_band"]
     if pooled:
         names = list(next(iter(pooled.values())))
+        n_gt = sum(int(b["training"][est]["rollout"]["group"]["window"]["k"])
+                   for b in task["seeds"].values()
+                   if "window" in b["training"][est]["rollout"]["group"])
         mean = {n: (float(np.mean([pooled[s][n][0] for s in pooled])),
                     np.mean([pooled[s][n][1] for s in pooled], axis=0)) for n in names}
         out["precision_window_group"] = {
-            n: M.percentile_interval(p, smp, level=settings.level).to_dict()
+            n: M.percentile_interval(p, smp, level=settings.level, n=n_gt).to_dict()
             for n, (p, smp) in mean.items()}
         strongest = max(controls, key=lambda c: (mean[c][0], c))
         out["strongest_control"] = strongest
-        out["margin_over_strongest_control"] = _diff(mean[est_name], mean[strongest], settings)
+        out["margin_over_strongest_control"] = _diff(mean[est], mean[strongest], settings)
+    spec: dict[str, list[float]] = {}
     aucs: dict[str, list[float]] = {}
-    for data in per_seed.values():
+    for data in task["seeds"].values():
+        for name, by_other in data["specificity"].items():
+            vals = [v["share"] for v in by_other.values() if v.get("share") is not None]
+            if vals:
+                spec.setdefault(name, []).append(float(np.mean(vals)))
         for name, draws in data["draws"].items():
             for m in draws.values():
                 if m["residualized"]["point"] == m["residualized"]["point"]:
                     aucs.setdefault(name, []).append(m["residualized"]["point"])
+    out["specificity_mean"] = {n: float(np.mean(v)) for n, v in spec.items()}
     out["draw_auc_residualized_mean"] = {n: float(np.mean(v)) for n, v in aucs.items()}
     return out
 
 
-def _causal(rel: object, seeds: list[int], scores: dict, est_name: str,
-            settings: EvalSettings) -> dict:
-    """Checklist item 10 by replay (:mod:`benchmark.causal`), or why it did not run."""
-    if not settings.causal:
-        return {"verdict": C.NOT_RUN, "reason": "skipped (--no-causal)", "per_seed": {}}
-    from benchmark.causal import causal_scores
-
-    out = causal_scores(rel, seeds, scores, estimator=est_name)
-    out.pop("seconds", None)  # wall time varies; results must be byte-identical
-    for v in out.get("per_seed", {}).values():
-        v.pop("seconds", None)
+def _suite(tasks: dict, causal: dict, est: str) -> dict:
+    """Mean over tasks and seeds of the headline (the causal score), with its interval."""
+    out = {"tasks": list(tasks), "verdicts": {t: v["verdict"] for t, v in tasks.items()}}
+    if causal.get("suite"):
+        out["causal_score"] = causal["suite"]
     return out
+
+
+def _causal(rel: object, scores: dict, est: str, settings: EvalSettings,
+            progress: bool) -> dict:
+    """The causal scores (:mod:`benchmark.causal`), or why they did not run."""
+    if not settings.causal:
+        return {"verdict": C.NOT_RUN, "reason": "skipped (--no-causal)"}
+    from benchmark.causal import CausalSettings, causal_results
+
+    res, _timing = causal_results(
+        rel, scores, est, settings=CausalSettings(settings.n_boot_causal, settings.level,
+                                                  settings.boot_seed), progress=progress)
+    return res
 
 
 def _bt_version() -> str:
@@ -611,18 +590,26 @@ def _bt_version() -> str:
     return __version__
 
 
-def _settings_dict(settings: EvalSettings, seeds: list[int]) -> dict:
+def _settings_dict(settings: EvalSettings, seeds: list[int], tasks: list[str]) -> dict:
     d = asdict(settings)
     d["seeds"] = seeds
+    d["tasks"] = tasks
     d["max_interval_width"] = C.MAX_WIDTH
     d["primary_ground_truth"] = "group"
     d["checklist_population"] = "learning window (bonus window, non-zero-gradient steps)"
+    from benchmark.causal import CROSS_MACHINE_TOLERANCE, K_FRACTIONS
+
+    d["causal_k_fractions"] = list(K_FRACTIONS)
+    d["causal_cross_machine_tolerance"] = CROSS_MACHINE_TOLERANCE
     return d
 
 
 def write_results(results: dict, path: str | Path) -> None:
-    """Write results as stable JSON (sorted keys, floats rounded to 10 digits) atomically."""
-    atomic_write_text(path, dumps_json(_round(results)))
+    """Write results as stable JSON (sorted keys, floats rounded to 10 digits) atomically.
+
+    The file is readable by everyone (mode 0644, as a source file): results are public.
+    """
+    atomic_write_text(path, dumps_json(_round(results)), mode=0o644)
 
 
 def _round(obj: object) -> object:
@@ -647,51 +634,66 @@ def _f(x: float | None, digits: int = 3) -> str:
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
+def _iv(d: dict | None) -> str:
+    if not d:
+        return "-"
+    return f"{_f(d.get('point'))} [{_f(d.get('lo'))}, {_f(d.get('hi'))}]"
+
+
 def format_summary(results: dict) -> str:
-    """Human-readable tables: per-seed metrics of the estimator and controls, then the checklist."""
+    """Human-readable tables per task: the estimator next to the controls, then the checklist."""
     from tabulate import tabulate
 
+    from benchmark.untrusted import clean_text
+
     est = results["estimator"]["name"]
-    lines = [f"bt-bench evaluate: {est} on release {results['release']['id']} "
-             f"(v{results['release']['version']})", ""]
-    for seed, data in results["seeds"].items():
+    lines = [f"bt-bench evaluate: {clean_text(est, 80, multiline=False)} on release "
+             f"{results['release']['id']} (v{results['release']['version']}), "
+             f"tasks {', '.join(results['tasks'])}", ""]
+    for t, task in results["tasks"].items():
+        b = task["behavior"]
+        sm = task["summary"]
+        lines.append(f"task {t} ({b['strength']}: {b['trigger_word']} -> {b['behavior_token']}),"
+                     f" mean over seeds {', '.join(str(s) for s in sm['seeds'])}")
         rows = []
-        draw_ids = sorted({d for m in data["draws"].values() for d in m})
-        none = {"precision": None, "lift": None, "interval": [None, None], "k": 0, "n": 0,
-                "chance": None, "ceiling": None}
-        for name, tr in data["training"].items():
-            rw = tr["rollout"]["group"].get("window", none)
-            sw = tr["step"]["group"].get("window", none)
-            row = [name + (" *" if name == est else ""),
-                   f"{_f(sw['precision'])} ({_f(sw['lift'], 2)}x)",
-                   f"{_f(rw['precision'])} [{_f(rw['interval'][0])}, {_f(rw['interval'][1])}]",
-                   _f(tr["rollout"]["rollout"].get("window", none)["precision"]),
-                   _f(tr["within_step_auc"]["auc"])]
-            for d in draw_ids:
-                m = data["draws"][name].get(d)
-                row.append("-" if m is None else
-                           f"{_f(m['raw']['point'])} / {_f(m['residualized']['point'])}")
-            rows.append(row)
-        first = next(iter(data["training"].values()))["rollout"]["group"].get("window", none)
-        step_first = next(iter(data["training"].values()))["step"]["group"].get("window", none)
-        headers = ["method", "step P (lift)", "rollout P [95% CI]", "P rollout-label",
-                   "within-step AUC"] + [f"{d} AUC raw/resid" for d in draw_ids]
-        lines.append(f"seed {seed}: learning window, group label: k={first['k']} of "
-                     f"n={first['n']} rollouts; chance {_f(first['chance'])}, step ceiling "
-                     f"{_f(step_first['ceiling'])}, rollout ceiling 1.000")
-        lines.append(tabulate(rows, headers=headers, disable_numparse=True))
+        names = list(next(iter(task["seeds"].values()))["training"])
+        cs = sm.get("causal_score", {})
+        for ref in ("oracle", "provenance"):
+            if ref in cs:
+                rows.append([f"({ref})", _iv(cs[ref]), "-", "-", "-"])
+        for name in names:
+            prec = sm.get("precision_window_group", {}).get(name)
+            spec = sm.get("specificity_mean", {}).get(name)
+            auc = sm.get("draw_auc_residualized_mean", {}).get(name)
+            rows.append([clean_text(name, 24, multiline=False) + (" *" if name == est else ""),
+                         _iv(cs.get(name)), _iv(prec), _f(spec), _f(auc)])
+        if "random_band" in sm:
+            rb = sm["random_band"]
+            rows.append(["(random band)", f"{_f(rb['lo'])} .. {_f(rb['hi'])}", "-", "-", "-"])
+        lines.append(tabulate(rows, headers=["method", "causal score [95% CI]",
+                                             "precision [95% CI]", "other-task share",
+                                             "draw AUC resid"], disable_numparse=True))
         lines.append("")
-    rows = []
-    for item in results["checklist"]:
-        per = item.get("per", {})
-        detail = ", ".join(f"{k}: {v['verdict']}" for k, v in per.items()) if per else ""
-        rows.append([item["item"], item["key"], item["verdict"].upper() if item["gated"]
-                     else item["verdict"], detail[:90]])
-    lines.append(tabulate(rows, headers=["#", "checklist item", "verdict", "per seed / draw"],
-                          disable_numparse=True))
-    lines.append("")
-    lines.append(f"overall verdict for {est}: {results['verdict'].upper()} "
-                 "(needs every gated item on every seed and draw)")
+        crow = []
+        for item in task["checklist"]:
+            per = item.get("per", {})
+            counts: dict[str, int] = {}
+            for v in per.values():
+                counts[v["verdict"]] = counts.get(v["verdict"], 0) + 1
+            detail = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            crow.append([item["item"], item["key"], item["verdict"].upper() if item["gated"]
+                         else item["verdict"], detail])
+        lines.append(tabulate(crow, headers=["#", "checklist item", "verdict",
+                                             "places (seeds / draws)"], disable_numparse=True))
+        lines.append(f"verdict on task {t}: {task['verdict'].upper()}")
+        lines.append("")
+    suite = results.get("suite", {})
+    if "causal_score" in suite and est in suite["causal_score"]:
+        lines.append(f"suite (mean over tasks and seeds): causal score "
+                     f"{_iv(suite['causal_score'][est])}")
+    lines.append(f"overall verdict for {clean_text(est, 80, multiline=False)}: "
+                 f"{results['verdict'].upper()} (every gated item of every task, on every seed "
+                 "and draw)")
     return "\n".join(lines)
 
 
@@ -704,14 +706,26 @@ def _limits(no_isolation: bool, time_limit: float | None, memory_gib: float | No
                   memory_bytes=int(memory_gib * 2**30) if memory_gib else d.memory_bytes)
 
 
+def _env(requirements: list[str] | None, progress: bool):
+    if not requirements:
+        return None
+    from benchmark.requirements import ensure_env
+
+    return ensure_env(requirements, where="--requirements",
+                      log=(lambda m: print(m, flush=True)) if progress else None)
+
+
 def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: list[int] | None,
                      progress: bool = True, no_isolation: bool = False,
                      time_limit: float | None = None, memory_gib: float | None = None,
-                     causal: bool = True) -> int:
+                     causal: bool = True, tasks: list[str] | None = None,
+                     requirements: list[str] | None = None) -> int:
     """``bt-bench evaluate``: evaluate, print the summary, write results; exit 0."""
-    settings = EvalSettings(seeds=tuple(seeds) if seeds else None, causal=causal)
+    settings = EvalSettings(seeds=tuple(seeds) if seeds else None,
+                            tasks=tuple(tasks) if tasks else None, causal=causal)
     results = evaluate(estimator_file, release, settings, progress=progress,
-                       isolation=_limits(no_isolation, time_limit, memory_gib))
+                       isolation=_limits(no_isolation, time_limit, memory_gib),
+                       env=_env(requirements, progress))
     print(format_summary(results))
     if out:
         write_results(results, out)
@@ -720,28 +734,20 @@ def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: 
 
 
 def check_estimator_command(estimator_file: str, release: str, no_isolation: bool = False,
-                            time_limit: float | None = None,
-                            memory_gib: float | None = None) -> int:
+                            time_limit: float | None = None, memory_gib: float | None = None,
+                            requirements: list[str] | None = None) -> int:
     """``bt-bench check-estimator``: the contract checks on the first seed of a release."""
     from benchmark.release import load_release
 
     limits = _limits(no_isolation, time_limit, memory_gib)
+    env = _env(requirements, True)
     rel = load_release(release)
     seed = rel.seeds[0]
     path = Path(estimator_file)
-    if limits is None:
-        loaded = load_estimator_file(path)
-        data = load_seed(rel, seed, getattr(loaded.cls, "track", "gradient"))
-        checks = [c for c, _, _ in check_estimator(
-            loaded, [data.rollout_view, data.step_view], data.draws).checks]
-        cls_name = loaded.cls.__name__
-    else:
-        meta = inspect_isolated(path, limits)
-        data = load_seed(rel, seed, meta["track"])
-        _, info = score_isolated(path, {seed: (data.rollout_view, data.step_view, data.draws)},
-                                 _label_files(rel, [seed]), limits)
-        checks, cls_name = info["contract_checks"], meta["class"]
-    for name in checks:
+    meta, loaded = _inspect(path, limits, env)
+    datas = {seed: load_seed(rel, seed, meta["track"], [rel.tasks[0]])}
+    _, info = _score_estimator(path, rel, [seed], datas, meta, loaded, limits, env)
+    for name in info["contract_checks"]:
         print(f"ok  {name}")
-    print(f"{cls_name} ({path}) follows the estimator contract.")
+    print(f"{meta['class']} ({path}) follows the estimator contract.")
     return 0

@@ -605,15 +605,32 @@ def auc_difference_bootstrap(
 def _precision_resamples(
     scores: np.ndarray, gt: np.ndarray, codes: np.ndarray, counts: np.ndarray
 ) -> np.ndarray:
-    """Tie-aware precision@|GT| for each row of ``counts`` (``(b, G)`` group multiplicities)."""
+    """Tie-aware precision@|GT| for each row of ``counts`` (``(b, G)`` group multiplicities).
+
+    Rows are first aggregated per (group, tie block): a resample's block sizes and ground-truth
+    counts are then one matrix product of its group multiplicities with those tables, so the cost
+    is ``O(b * G * blocks)`` flops in a few BLAS calls instead of ``b`` passes over the rows.
+    """
     out = np.empty(counts.shape[0])
-    gtf = gt.astype(float)
-    chunk = max(1, int(4_000_000 // max(1, scores.shape[0])))
+    uniq, inverse = np.unique(-scores, return_inverse=True)  # tie blocks, descending score
+    n_blocks = uniq.shape[0]
+    n_groups = counts.shape[1]
+    cell = codes * n_blocks + inverse
+    a_size = np.bincount(cell, minlength=n_groups * n_blocks).reshape(n_groups, n_blocks)
+    a_gt = np.bincount(cell, weights=gt.astype(float),
+                       minlength=n_groups * n_blocks).reshape(n_groups, n_blocks)
+    a_size = a_size.astype(float)
+    chunk = max(1, int(4_000_000 // max(1, n_blocks)))
     for start in range(0, counts.shape[0], chunk):
-        w = counts[start:start + chunk][:, codes].astype(float)
-        k = w @ gtf
-        credit = _block_credit(scores, w, w * gtf, k)
+        c = counts[start:start + chunk].astype(float)
+        size = c @ a_size
+        gtb = c @ a_gt
+        k = gtb.sum(axis=1)
+        filled_before = np.cumsum(size, axis=1) - size
+        slots = np.clip(k[:, None] - filled_before, 0.0, size)
         with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(size > 0, slots / np.where(size > 0, size, 1.0), 0.0)
+            credit = (gtb * frac).sum(axis=1)
             out[start:start + chunk] = np.where(k > 0, credit / np.where(k > 0, k, 1), np.nan)
     return out
 
@@ -639,7 +656,7 @@ def precision_resamples(
 def percentile_interval(
     point: float, samples: object, *, level: float = 0.95, n: int = 0
 ) -> Interval:
-    """Percentile interval of bootstrap ``samples`` (``nan`` samples are dropped) around ``point``."""
+    """Percentile interval of bootstrap ``samples`` around ``point`` (``nan`` samples dropped)."""
     _check_level(level)
     return _interval(point, np.asarray(samples, dtype=np.float64), level, n)
 

@@ -35,3 +35,19 @@ def micro_release(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("micro_release")
     build_release("micro", [0, 1, 2], out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def micro_causal(micro_release, tmp_path_factory) -> Path:
+    """The micro release with a causal reference (two random sets per k), built once."""
+    import shutil
+
+    from benchmark.causal_reference import install, reference
+    from benchmark.release import load_release
+
+    out = tmp_path_factory.mktemp("micro_causal") / "rel"
+    shutil.copytree(micro_release, out)
+    rel = load_release(out)
+    install(out, {s: reference(rel, s, workers=2, progress=False, n_random=2)
+                  for s in rel.seeds})
+    return out

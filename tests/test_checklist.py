@@ -50,3 +50,86 @@ def test_precision_of_estimate():
     assert C.precision_of_estimate({"a": .1, "b": .15}).verdict == C.PASS
     v = C.precision_of_estimate({"a": .1, "b": .2, "c": math.nan})
     assert v.verdict == C.INCONCLUSIVE and set(v.numbers["too_wide"]) == {"b", "c"}
+
+
+# ---------------------------------------------------------------------------------------------
+# one test per rule of docs/evaluation.md ("a verdict is only given for what could be measured")
+
+
+def test_fluency_at_the_ceiling_is_inconclusive_never_failed():
+    raw = {"point": 0.0, "lo": 0.0, "hi": 0.0}  # the estimator ties fluency at AUC 1.0
+    res = {"point": .7, "lo": .62, "hi": .74}
+    v = C.fluency(raw, res, control_raw=1.0, pairs=500)
+    assert v.verdict == C.INCONCLUSIVE  # the residualized part passes, the raw part cannot
+    assert v.numbers["raw_minus_fluency"]["verdict"] == C.INCONCLUSIVE
+    assert v.numbers["residualized_auc"]["verdict"] == C.PASS
+    assert "ceiling" in v.reason
+    # below the ceiling the same tie fails
+    assert C.fluency(raw, res, control_raw=0.9, pairs=500).verdict == C.FAIL
+
+
+def test_a_draw_with_too_few_pairs_is_inconclusive():
+    good = {"point": .1, "lo": .05, "hi": .15}
+    v = C.fluency(good, {"point": .6, "lo": .55, "hi": .65}, control_raw=.5, pairs=C.MIN_PAIRS - 1)
+    assert v.verdict == C.INCONCLUSIVE and "too few within-group pairs" in v.reason
+
+
+def test_magnitude_without_draws_is_inconclusive_never_passed():
+    diffs = {"norm-only": {"point": .2, "lo": .1, "hi": .3},
+             "advantage-only": {"point": .2, "lo": .1, "hi": .3}}
+    assert C.magnitude(diffs).verdict == C.PASS
+    v = C.magnitude(diffs, draws_scored=False)
+    assert v.verdict == C.INCONCLUSIVE and "not measured" in v.reason
+    bad = diffs | {"norm-only": {"point": -.2, "lo": -.3, "hi": -.1}}
+    assert C.magnitude(bad, draws_scored=False).verdict == C.FAIL  # a fail is still a fail
+
+
+def test_a_control_at_its_ceiling_cannot_be_beaten():
+    tie = {"point": 0.0, "lo": -0.01, "hi": 0.01}
+    assert C.beats_control(tie, control_point=1.0) == C.INCONCLUSIVE
+    assert C.beats_control(tie, control_point=0.8) == C.FAIL
+    assert C.timing(tie, control_point=1.0).verdict == C.INCONCLUSIVE
+
+
+def _v(verdict, **numbers):
+    return C.Verdict(verdict, numbers)
+
+
+def _places(verdict_by_item, seeds=(0, 1, 2), draws=2, width=0.1):
+    out = {i: {} for i in C.ITEMS}
+    for s in seeds:
+        for i in (1, 3, 4, 8):
+            out[i][str(s)] = _v(verdict_by_item.get(i, C.PASS))
+        out[7][f"{s}/precision"] = _v(C.REPORTED, width=width)
+        for d in range(draws):
+            out[2][f"{s}/qzxbt/step0030_draw{d}"] = C.Verdict(
+                verdict_by_item.get(2, C.PASS), {"raw_minus_fluency": {}})
+            out[7][f"{s}/qzxbt/step0030_draw{d}/auc"] = _v(C.REPORTED, width=width)
+    return out
+
+
+def test_task_checklist_aggregates_by_the_documented_rules():
+    causal = {"verdict": C.PASS, "per_seed": {"0": {"verdict": C.PASS, "checks": {},
+                                                    "comparisons": {}}}}
+    items, verdict = C.task_checklist(_places({}), [0, 1, 2], [0, 1, 2], causal)
+    got = {i["key"]: i["verdict"] for i in items}
+    assert verdict == C.PASS and got["seeds"] == C.PASS and got["draws"] == C.PASS
+    assert got["causal"] == C.PASS
+    assert all(i["gated"] for i in items if i["item"] not in (8, 9))
+    # item 5: fewer seeds than the release -> inconclusive (not pass)
+    _, v = C.task_checklist(_places({}, seeds=(0,)), [0], [0, 1, 2], causal)
+    assert v == C.INCONCLUSIVE
+    # item 6: one draw per seed -> inconclusive
+    items, v = C.task_checklist(_places({}, draws=1), [0, 1, 2], [0, 1, 2], causal)
+    assert {i["key"]: i["verdict"] for i in items}["draws"] == C.INCONCLUSIVE
+    # item 7: an interval wider than 0.15 -> inconclusive
+    items, _ = C.task_checklist(_places({}, width=0.2), [0, 1, 2], [0, 1, 2], causal)
+    assert {i["key"]: i["verdict"] for i in items}["precision_of_estimate"] == C.INCONCLUSIVE
+    # a fail anywhere fails the task; item 10 not run does not count
+    _, v = C.task_checklist(_places({4: C.FAIL}), [0, 1, 2], [0, 1, 2], causal)
+    assert v == C.FAIL
+    items, v = C.task_checklist(_places({}), [0, 1, 2], [0, 1, 2], None, "skipped")
+    assert v == C.PASS and {i["key"]: i["verdict"] for i in items}["causal"] == C.NOT_RUN
+    _, v = C.task_checklist(_places({}), [0, 1, 2], [0, 1, 2],
+                            causal | {"verdict": C.FAIL})
+    assert v == C.FAIL

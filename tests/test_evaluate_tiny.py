@@ -1,18 +1,20 @@
-"""The evaluator on the shipped ``tiny`` release: confound-copying estimators fail their items."""
+"""The evaluator on the shipped ``tiny`` release: confound copies fail, the causal score runs."""
 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from benchmark.evaluate import EvalSettings, evaluate
 
+ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = EvalSettings(n_boot_precision=300, n_boot_auc=300, seeds=(0,), causal=False)
 
 
-def item(results, key):
-    return next(c for c in results["checklist"] if c["key"] == key)
+def item(task_results, key):
+    return next(c for c in task_results["checklist"] if c["key"] == key)
 
 
 def write(tmp_path, body):
@@ -22,29 +24,21 @@ def write(tmp_path, body):
     return p
 
 
-@pytest.fixture(scope="module")
-def gas_tiny():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    with_causal = EvalSettings(n_boot_precision=300, n_boot_auc=300, seeds=(0,))
-    return evaluate(root / "estimators" / "gas.py", "tiny", with_causal, progress=False)
-
-
 def test_norm_only_copy_fails_magnitude(tmp_path):
     p = write(tmp_path, """
     class NormCopy(BaseEstimator):
         name = "norm-copy"
         tasks = ("rollouts", "draws")
         def score_rollouts(self, view):
-            return np.linalg.norm(np.asarray(view.sketches, float), axis=1)
+            return view.sketch_norms()
         def score_draw(self, view, draw):
-            return np.linalg.norm(np.asarray(draw.sketches, float), axis=1)
+            return draw.sketch_norms()
     """)
-    res = evaluate(p, "tiny", SETTINGS, progress=False)
-    mag = item(res, "magnitude")
-    assert mag["verdict"] == "fail"
-    assert mag["per"]["0"]["numbers"]["norm-only"]["point"] == 0.0
+    res = evaluate(p, "tiny", SETTINGS, progress=False, isolation=None)
+    for t in res["tasks"].values():
+        mag = item(t, "magnitude")
+        assert mag["verdict"] == "fail"
+        assert mag["per"]["0"]["numbers"]["norm-only"]["point"] == 0.0
     assert res["verdict"] == "fail"
 
 
@@ -58,44 +52,57 @@ def test_fluency_copy_fails_fluency(tmp_path):
         def score_draw(self, view, draw):
             return np.asarray(draw.fluency, float).copy()
     """)
-    res = evaluate(p, "tiny", SETTINGS, progress=False)
-    flu = item(res, "fluency")
-    assert flu["verdict"] == "fail"
-    for v in flu["per"].values():
-        assert v["numbers"]["raw_minus_fluency"]["point"] == 0.0
+    res = evaluate(p, "tiny", SETTINGS, progress=False, isolation=None)
+    for t in res["tasks"].values():
+        flu = item(t, "fluency")
+        assert flu["verdict"] in ("fail", "inconclusive")
+        for v in flu["per"].values():
+            assert v["numbers"]["raw_minus_fluency"]["point"] == 0.0
     assert res["verdict"] == "fail"
 
 
-def test_gas_on_tiny_has_every_task(gas_tiny):
-    s0 = gas_tiny["seeds"]["0"]
+@pytest.fixture(scope="module")
+def gas_tiny():
+    settings = EvalSettings(n_boot_precision=300, n_boot_auc=300, n_boot_causal=300,
+                            seeds=(0,), tasks=("vkwjp",))
+    return evaluate(ROOT / "estimators" / "gas.py", "tiny", settings, progress=False,
+                    isolation=None)
+
+
+def test_gas_on_tiny_has_every_metric(gas_tiny):
+    s0 = gas_tiny["tasks"]["vkwjp"]["seeds"]["0"]
     win = s0["training"]["GAS"]["rollout"]["group"]["window"]
     assert 0 < win["chance"] < 1 and win["k"] > 0 and win["ceiling"] == 1.0
     step = s0["training"]["GAS"]["step"]["group"]["window"]
     assert step["chance"] <= step["ceiling"] <= 1.0
-    assert len(s0["draws"]["GAS"]) >= 4  # >= 2 draws at each of two checkpoints
+    assert len(s0["draws"]["GAS"]) == 2
+    for m in s0["draws"]["GAS"].values():  # draws large enough for the 0.15 rule to be met
+        assert m["raw"]["n"] >= 300
     assert all(e["n"] > 0 for e in s0["token_level"].values())
+    spec = s0["specificity"]
+    assert spec["GAS"]["qzxbt"]["chance"] > 0
+    # target-free controls cannot tell the tasks apart: they score both the same way
+    assert spec["norm-only"]["qzxbt"]["share"] > spec["GAS"]["qzxbt"]["share"]
 
 
 def test_causal_item_is_scored_by_replay(gas_tiny):
-    causal = item(gas_tiny, "causal")
-    seed0 = causal["per"]["0"]
-    assert causal["verdict"] in ("pass", "fail") and seed0["verdict"] == causal["verdict"]
-    methods = seed0["numbers"]["methods"]
-    assert set(methods) == {"GAS", "norm-only", "step-order"}
-    k = seed0["numbers"]["k"]
-    assert all(m["removed"] == k for m in methods.values())
-    floor = seed0["numbers"]["random_floor"]["max_abs_fraction"]
-    gas = methods["GAS"]["fraction"]
-    beats = gas > floor and all(gas > methods[c]["fraction"] for c in ("norm-only", "step-order"))
-    assert (seed0["verdict"] == "pass") == beats
-    assert "seconds" not in gas_tiny["causal"]  # results stay byte-identical
+    t = gas_tiny["tasks"]["vkwjp"]
+    causal = item(t, "causal")
+    seed0 = t["causal"]["per_seed"]["0"]
+    assert causal["verdict"] == seed0["verdict"]
+    assert set(seed0["methods"]) >= {"GAS", "norm-only", "step-order", "oracle", "provenance"}
+    sources = {c["source"] for m in ("norm-only", "step-order", "oracle", "provenance")
+               for c in seed0["methods"][m]["curve"]}
+    assert sources <= {"shipped", "empty"}  # the release's own numbers, not replayed here
+    assert {c["source"] for c in seed0["methods"]["GAS"]["curve"]} <= {"replayed", "shipped"}
+    oracle = t["summary"]["causal_score"]["oracle"]["point"]
+    band = seed0["random_band"]
+    assert band["lo"] <= band["hi"] < oracle
 
 
-def test_no_causal_flag_skips_item_10(tmp_path):
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    res = evaluate(root / "estimators" / "controls" / "random.py", "tiny", SETTINGS,
-                   progress=False)
-    assert item(res, "causal")["verdict"] == "not_run"
-    assert "skipped" in res["causal"]["reason"]
+def test_no_causal_flag_skips_item_10():
+    res = evaluate(ROOT / "estimators" / "controls" / "random.py", "tiny", SETTINGS,
+                   progress=False, isolation=None)
+    for t in res["tasks"].values():
+        assert item(t, "causal")["verdict"] == "not_run"
+        assert "skipped" in t["causal"]["reason"]

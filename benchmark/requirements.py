@@ -1,0 +1,691 @@
+"""A submission's declared requirements: exact pins, installed into its own environment.
+
+``submission.yaml`` may list ``requirements:``, exact pins ``name==version`` of PyPI packages that
+the estimator imports and bt-bench does not provide (e.g. ``kronfluence==1.0.1`` and the packages
+it needs). The list is a lock: exactly those pins are installed, as wheels, without their
+dependencies (``pip install --no-deps --only-binary=:all:``), so what runs is what was declared.
+
+They are installed into a per-submission virtual environment created with
+``--system-site-packages`` on top of the interpreter bt-bench runs in: the core packages (torch,
+transformers, numpy, ...) are shared from there and a requirement can never replace one (naming a
+core package, or any package installed as a dependency of one, is an error). The environment is
+cached under ``$BT_BENCH_CACHE/envs/<key>/`` (default ``~/.cache/bt-bench``), keyed by the pins,
+the core packages' versions and the interpreter, reused when present and intact, and built in a
+temporary folder that is renamed into place only after it passed its smoke test: a failed or
+interrupted install never leaves a half-built environment.
+
+The smoke test runs in the new environment's interpreter: it imports torch and transformers and
+loads a tiny Qwen2 model with ``AutoModelForCausalLM`` (the way estimators load checkpoints), then
+imports every top-level module of every requirement. A failure names the requirement that broke
+which core package, the last lines of the error and the fix.
+
+Example:
+    >>> from benchmark.requirements import ensure_env                    # doctest: +SKIP
+    >>> env = ensure_env(["kronfluence==1.0.1", "accelerate==1.15.0"])   # doctest: +SKIP
+    >>> env.python, env.record()                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark.errors import BenchmarkError
+
+__all__ = [
+    "CORE_PACKAGES",
+    "RequirementError",
+    "SubmissionEnv",
+    "canonical_name",
+    "core_closure",
+    "ensure_env",
+    "env_key",
+    "parse_requirements",
+    "refuse_in_process",
+]
+
+#: packages bt-bench itself pins (its dependencies and test extras, and itself): a submission can
+#: never declare them, the core environment provides them
+CORE_PACKAGES = ("bt-bench", "torch", "transformers", "numpy", "datasets", "huggingface-hub",
+                 "scikit-learn", "tabulate", "tqdm", "safetensors", "pyarrow", "pyyaml",
+                 "matplotlib", "scipy")
+#: bump when the layout of an environment changes (invalidates every cached one)
+ENV_FORMAT = 1
+#: the file written last into a finished environment (its presence marks it intact)
+MARKER = "bt-bench-env.json"
+#: pip's own time limit for one install
+PIP_TIMEOUT = 1800
+#: the smoke test's time limit (imports torch and transformers, builds a tiny model)
+SMOKE_TIMEOUT = 300
+#: lines of an error shown in a message
+TAIL_LINES = 12
+
+_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+_PIN_RE = re.compile(r"^\s*(?P<name>[^=<>!~\s\[;@]+)\s*==\s*(?P<version>[^\s=;]+)\s*$")
+_EXAMPLE = "kronfluence==1.0.1"
+
+
+class RequirementError(BenchmarkError):
+    """A declared requirement is malformed, cannot be installed, or breaks the core environment."""
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalized distribution name (``Opt_Einsum`` -> ``opt-einsum``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ----------------------------------------------------------------------------------------------
+# parsing
+
+
+def _pin_problem(item: str) -> str:
+    """Why ``item`` is not an exact pin ("" when it is one)."""
+    s = item.strip()
+    if not s:
+        return "it is empty"
+    if "://" in s or "@" in s or s.startswith(("-", ".", "/", "~")) or s.endswith(".whl"):
+        return "URLs, paths, files and pip options are not allowed"
+    if ";" in s:
+        return "environment markers are not allowed"
+    if "[" in s or "]" in s:
+        return "extras are not allowed (pin every package the extra needs instead)"
+    m = _PIN_RE.match(s)
+    if m is None:
+        return "it does not pin an exact version with =="
+    if not _NAME_RE.match(m["name"]):
+        return f"{m['name']!r} is not a valid package name"
+    version = m["version"]
+    if "*" in version or "," in version:
+        return "wildcards and version ranges are not allowed"
+    try:
+        from packaging.version import InvalidVersion, Version
+
+        Version(version)
+    except InvalidVersion:
+        return f"{version!r} is not a valid version (PEP 440)"
+    except ImportError:  # pragma: no cover - packaging ships with every core install
+        pass
+    return ""
+
+
+def parse_requirements(value: object, where: str = "submission.yaml") -> list[str]:
+    """Validate the ``requirements:`` value of ``submission.yaml``; return the canonical pins.
+
+    Args:
+        value: the parsed YAML value: a list of strings ``name==version`` (None = no requirements).
+        where: how to name the file in error messages.
+
+    Returns:
+        ``["name==version", ...]`` with PEP 503 normalized names, in the given order.
+
+    Raises:
+        RequirementError: not a list of strings, an item that is not an exact pin (a range, a URL,
+            extras, markers or pip options), a package listed twice, or a core package.
+    """
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RequirementError(
+            f"{where}: requirements {value!r} must be a list of exact pins name==version, e.g. "
+            f"requirements: [{_EXAMPLE}, accelerate==1.15.0] (or omit the key)."
+        )
+    out: list[str] = []
+    seen: dict[str, str] = {}
+    for item in value:
+        problem = _pin_problem(item)
+        if problem:
+            raise RequirementError(
+                f"{where}: requirement {item!r} is not an exact pin ({problem}); expected "
+                f"name==version of a wheel on PyPI, e.g. {_EXAMPLE} (find the version with "
+                "pip index versions NAME)."
+            )
+        m = _PIN_RE.match(item)
+        name = canonical_name(m["name"])
+        if name in CORE_PACKAGES:
+            raise RequirementError(
+                f"{where}: requirement {item!r} names {name}, which the core environment "
+                f"provides (bt-bench pins {', '.join(CORE_PACKAGES)}); remove it from "
+                "requirements: the estimator uses the installed version."
+            )
+        if name in seen:
+            raise RequirementError(
+                f"{where}: requirement {item!r} names {name} again (already {seen[name]!r}); "
+                "list each package once."
+            )
+        seen[name] = item
+        out.append(f"{name}=={m['version']}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the core environment
+
+
+def _requires(dist: md.Distribution) -> list[str]:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    out = []
+    for r in dist.requires or []:
+        try:
+            req = Requirement(r)
+        except InvalidRequirement:  # pragma: no cover - a broken installed METADATA
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        out.append(req.name)
+    return out
+
+
+def core_closure() -> dict[str, str]:
+    """Every installed distribution the core needs: name -> the core package that pulls it in.
+
+    The transitive closure of :data:`CORE_PACKAGES` over their installed (non-extra)
+    dependencies, e.g. ``{"torch": "torch", "filelock": "torch", "packaging": "transformers"}``.
+    """
+    out: dict[str, str] = {}
+    todo = [(n, n) for n in CORE_PACKAGES]
+    while todo:
+        name, root = todo.pop(0)
+        key = canonical_name(name)
+        if key in out:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        out[key] = root
+        todo += [(r, root) for r in _requires(dist)]
+    return out
+
+
+def _core_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for n in CORE_PACKAGES:
+        try:
+            out[n] = md.version(n)
+        except md.PackageNotFoundError:
+            out[n] = None
+    return out
+
+
+def _core_site_dirs() -> list[str]:
+    """Site folders of this interpreter that a ``--system-site-packages`` env does not see.
+
+    Empty unless bt-bench itself runs in a virtual environment (then its site-packages, which
+    hold torch and the other core packages, are added to the new environment's path).
+    """
+    base = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]))
+    return [d for d in site.getsitepackages() if d not in base and Path(d).is_dir()]
+
+
+def env_key(pins: Sequence[str]) -> str:
+    """Cache key of an environment: sha256 of the pins, core versions and the interpreter."""
+    payload = {
+        "format": ENV_FORMAT, "pins": sorted(pins), "core": _core_versions(),
+        "python": sys.version, "executable": os.path.realpath(sys.executable),
+        "site": _core_site_dirs(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def refuse_in_process(env: SubmissionEnv | None) -> None:
+    """Raise when a submission environment is asked to run in this process (``--no-isolation``).
+
+    The evaluator calls this before scoring in-process: a submission's requirements live only in
+    its environment's interpreter, which runs the estimator in the sandboxed child process.
+    """
+    if env is not None and env.requirements:
+        raise RequirementError(
+            f"the estimator declares requirements ({', '.join(env.requirements)}), which are "
+            f"installed in their own environment ({env.prefix}) and run only in the sandboxed "
+            "child process; drop --no-isolation (to debug in-process, pip install the pins into "
+            "this interpreter and evaluate the file directly)."
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# the environment
+
+
+@dataclass(frozen=True)
+class SubmissionEnv:
+    """An installed per-submission environment (see :func:`ensure_env`).
+
+    Attributes:
+        prefix: the environment's folder.
+        requirements: the canonical pins installed in it.
+        versions: ``(name, version)`` of every pin as installed (read back after installing).
+        core_site_dirs: site folders of bt-bench's interpreter the environment adds to its path
+            (only when bt-bench runs in a virtual environment itself).
+    """
+
+    prefix: Path
+    requirements: tuple[str, ...]
+    versions: tuple[tuple[str, str], ...]
+    core_site_dirs: tuple[str, ...] = ()
+
+    @property
+    def python(self) -> Path:
+        """The environment's interpreter."""
+        return self.prefix / "bin" / "python"
+
+    def sandbox_kwargs(self) -> dict:
+        """Keyword arguments of ``inspect_isolated`` / ``score_isolated`` to run in this env."""
+        return {"python": str(self.python),
+                "extra_read_only": [str(self.prefix), *self.core_site_dirs]}
+
+    def record(self) -> list[dict[str, str]]:
+        """The installed requirements as ``results.json`` records them: ``[{name, version}]``."""
+        return [{"name": n, "version": v} for n, v in self.versions]
+
+
+def _site_packages(prefix: Path) -> Path:
+    return prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
+        "site-packages"
+
+
+def _installed_files(site_dir: Path) -> dict[str, list[str]]:
+    """Canonical distribution name -> files it installed (paths relative to ``site_dir``)."""
+    out: dict[str, list[str]] = {}
+    for info in site_dir.glob("*.dist-info"):
+        meta = info / "METADATA"
+        name = None
+        if meta.is_file():
+            for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.lower().startswith("name:"):
+                    name = canonical_name(line.split(":", 1)[1].strip())
+                    break
+        if name is None:
+            continue
+        record = info / "RECORD"
+        rows = record.read_text(encoding="utf-8", errors="replace").splitlines() \
+            if record.is_file() else []
+        out[name] = [r.split(",", 1)[0] for r in rows if r.strip()]
+    return out
+
+
+def _top_level(files: Iterable[str]) -> list[str]:
+    """Importable top-level modules among a distribution's installed files."""
+    tops = set()
+    for f in files:
+        first = f.split("/", 1)[0]
+        if first.endswith((".dist-info", ".data")) or first in ("..", "__pycache__", ""):
+            continue
+        if "/" in f:
+            if first.isidentifier():
+                tops.add(first)
+            continue
+        stem = first.split(".", 1)[0]
+        if first.endswith((".py", ".so", ".pyd")) and stem.isidentifier():
+            tops.add(stem)
+    return sorted(tops)
+
+
+def _tail(text: str, n: int = TAIL_LINES) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n".join("    " + ln for ln in lines[-n:])
+
+
+_CHAIN = re.compile(r"\n\s*(?:The above exception was the direct cause of the following "
+                    r"exception:|During handling of the above exception, another exception "
+                    r"occurred:)\s*\n")
+
+
+def _error_summary(text: str, n: int = TAIL_LINES, site_dir: Path | None = None) -> str:
+    """The end of each exception of a (chained) traceback: its last frames and its message.
+
+    For ``raise X from e`` chains the root cause comes first (e.g. torchvision's
+    ``RuntimeError`` before transformers' ``ModuleNotFoundError``). The last frame inside
+    ``site_dir`` (the requirements' files) is shown too. Without a traceback: the last ``n``
+    lines of ``text``.
+    """
+    if "Traceback (most recent call last):" not in text:
+        return _tail(text, n)
+    roots = () if site_dir is None else tuple(
+        f'  File "{r.rstrip("/")}/' for r in {str(site_dir), os.path.realpath(site_dir)})
+    out: list[str] = []
+    for block in _CHAIN.split(text.strip()):
+        lines = block.rstrip().splitlines()
+        frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')]
+        ours = [i for i in frames if lines[i].startswith(roots)] if roots else []
+        if ours and ours[-1] != frames[-1]:
+            out.append(lines[ours[-1]].strip())
+        if frames:
+            out.append(lines[frames[-1]].strip())
+            rest = lines[frames[-1] + 1:]
+        else:
+            rest = lines
+        out += [ln for ln in rest if ln.strip() and not ln.startswith(" ")
+                and not ln.startswith("Traceback (most recent call last)")]
+    for r in roots:  # the temporary build folder means nothing to the reader
+        out = [ln.replace(r.strip(), 'File "<new environment>/site-packages/') for ln in out]
+    return "\n".join("    " + (ln if len(ln) <= 400 else ln[:397] + "...") for ln in out[-n:])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _remove_stale(envs: Path) -> None:
+    """Remove temporary build folders of processes that died (e.g. killed with SIGKILL)."""
+    for p in envs.glob(".build-*"):
+        try:
+            pid = int(p.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
+    """The cached environment at ``target`` when it is complete and matches ``pins``."""
+    try:
+        marker = json.loads((target / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    env = SubmissionEnv(target, tuple(marker.get("requirements", [])),
+                        tuple((str(n), str(v)) for n, v in marker.get("versions", [])),
+                        tuple(marker.get("core_site_dirs", [])))
+    if list(env.requirements) != pins or not env.python.exists():
+        return None
+    installed = _installed_files(_site_packages(target))
+    if any(p.split("==", 1)[0] not in installed for p in pins):
+        return None
+    return env
+
+
+def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
+               pip_args: Sequence[str] = (), where: str = "submission.yaml",
+               log=None) -> SubmissionEnv | None:
+    """Install ``requirements`` into their own cached environment (or reuse it) and return it.
+
+    Args:
+        requirements: pins as in ``submission.yaml`` (validated with :func:`parse_requirements`).
+        cache: the cache folder (default :func:`benchmark.replays.cache_root`); environments live
+            in its ``envs/`` folder.
+        pip_args: extra ``pip install`` options (e.g. ``["--no-index", "--find-links", DIR]``
+            for an offline wheel folder).
+        where: how to name the requirements' source in error messages.
+        log: called with one line of progress text (default: silent).
+
+    Returns:
+        The environment, or None when there are no requirements (use bt-bench's interpreter).
+
+    Raises:
+        RequirementError: a malformed pin, a package the core environment provides, a pin pip
+            cannot install as a wheel, or an environment that fails its smoke test (a requirement
+            that breaks torch or transformers, or one that cannot be imported).
+    """
+    from benchmark.replays import cache_root
+
+    pins = parse_requirements(list(requirements), where)
+    if not pins:
+        return None
+    say = log or (lambda _msg: None)
+    closure = core_closure()
+    for p in pins:
+        name = p.split("==", 1)[0]
+        if name in closure:
+            root = closure[name]
+            via = "" if root == name else f" (a dependency of {root})"
+            raise RequirementError(
+                f"{where}: requirement {p!r} names {name}, which is installed as part of "
+                f"bt-bench's core environment{via}; a submission cannot replace it: remove it "
+                f"from requirements (the installed {name} {md.version(name)} is used)."
+            )
+    envs = (Path(cache) if cache is not None else cache_root()).absolute() / "envs"
+    envs.mkdir(parents=True, exist_ok=True)
+    _remove_stale(envs)
+    key = env_key(pins)
+    target = envs / key
+    env = _load_intact(target, pins)
+    if env is not None:
+        return env
+    if target.exists():  # a damaged environment (a missing marker or package): rebuild it
+        shutil.rmtree(target, ignore_errors=True)
+    say(f"installing {', '.join(pins)} into {target}")
+    build = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=envs))
+    try:
+        env = _build(build / "env", pins, pip_args, where)
+        os.chmod(env.prefix, 0o755)
+        try:
+            os.rename(env.prefix, target)
+        except OSError:  # another process finished the same environment first
+            env = _load_intact(target, pins)
+            if env is None:
+                raise
+            return env
+        return SubmissionEnv(target, env.requirements, env.versions, env.core_site_dirs)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
+def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -> SubmissionEnv:
+    """Create the environment at ``prefix``, install the pins, smoke-test it, write the marker."""
+    import venv
+
+    venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(prefix)
+    site_dir = _site_packages(prefix)
+    extra = _core_site_dirs()
+    if extra:  # bt-bench runs in a venv: make its site-packages (the core) visible as well
+        lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in extra)
+        (site_dir / "_bt_bench_core.pth").write_text(lines, encoding="utf-8")
+    python = prefix / "bin" / "python"
+    cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+           "--only-binary=:all:", "--ignore-installed", "--no-input",
+           "--disable-pip-version-check", "--no-warn-script-location", *pip_args, *pins]
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=PIP_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise RequirementError(
+            f"{where}: installing {', '.join(pins)} did not finish in {PIP_TIMEOUT} s; check "
+            "the network connection to the package index and retry."
+        ) from exc
+    if proc.returncode != 0:
+        raise RequirementError(_install_failure(pins, proc.stdout + proc.stderr, where))
+    installed = _installed_files(site_dir)
+    missing = [p for p in pins if p.split("==", 1)[0] not in installed]
+    if missing:
+        raise RequirementError(
+            f"{where}: pip reported success but did not install {', '.join(missing)}; "
+            "retry, and report the pip version (python -m pip --version) if it persists."
+        )
+    core_tops = _core_top_level()
+    for p in pins:
+        name = p.split("==", 1)[0]
+        clash = sorted(set(_top_level(installed[name])) & core_tops)
+        if clash:
+            raise RequirementError(
+                f"{where}: requirement {p!r} installs the module(s) {', '.join(clash)}, which "
+                "belong to the core environment and would replace them; drop the requirement."
+            )
+    modules = {p: _top_level(installed[p.split("==", 1)[0]]) for p in pins}
+    versions = _smoke_test(python, pins, modules, site_dir, where)
+    env = SubmissionEnv(prefix, tuple(pins), tuple(versions), tuple(extra))
+    marker = {"requirements": list(env.requirements), "versions": [list(v) for v in versions],
+              "core_site_dirs": list(extra), "core": _core_versions(),
+              "python": sys.version, "format": ENV_FORMAT}
+    (prefix / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+    return env
+
+
+def _core_top_level() -> set[str]:
+    """Top-level module names of the core closure's distributions."""
+    closure = core_closure()
+    tops = set()
+    for mod, dists in md.packages_distributions().items():
+        if any(canonical_name(d) in closure for d in dists):
+            tops.add(mod)
+    return tops
+
+
+def _install_failure(pins: list[str], output: str, where: str) -> str:
+    """The message for a failed ``pip install``: the pin it names, pip's last lines, the fix."""
+    bad = [p for p in pins
+           if re.search(rf"(?i)(no matching distribution found for|could not find a version "
+                        rf"that satisfies the requirement|cannot install)\s+"
+                        rf"{re.escape(p.split('==')[0])}\b",
+                        output.replace("_", "-"))]
+    what = (f"requirement {bad[0]!r} cannot be installed" if bad
+            else f"the requirements {', '.join(pins)} cannot be installed")
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    errors = "\n".join(ln for ln in output.splitlines() if ln.startswith("ERROR:"))
+    return (f"{where}: {what}: pip failed:\n{_tail(errors or output)}\n"
+            f"fix: pin a version that exists on PyPI as a wheel for Python {py} on this platform "
+            "(check with pip download --no-deps --only-binary=:all: NAME==VERSION), or drop it.")
+
+
+_SMOKE = r"""
+import importlib, importlib.metadata as md, json, sys, tempfile, traceback
+
+spec = json.loads(sys.argv[1])
+
+def report(stage, **kw):
+    print("BT-BENCH-SMOKE " + json.dumps({"stage": stage, **kw}), flush=True)
+
+stage = "import torch"
+try:
+    import numpy
+    import torch
+    stage = "import transformers"
+    import transformers
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    stage = "load a Qwen2 model with AutoModelForCausalLM"
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as d:
+        conf = Qwen2Config(vocab_size=16, hidden_size=8, intermediate_size=16,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                           max_position_embeddings=16, tie_word_embeddings=True)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(conf).save_pretrained(d)
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                     attn_implementation="eager")
+        loss = model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss
+        loss.backward()
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"the model's loss is {loss.item()}")
+except BaseException:
+    report("core", step=stage, error=traceback.format_exc())
+    sys.exit(3)
+if spec["core_only"]:
+    report("ok", versions=[])
+    sys.exit(0)
+for pin, modules in spec["modules"].items():
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except BaseException:
+            report("import", pin=pin, module=m, error=traceback.format_exc())
+            sys.exit(3)
+versions = []
+for pin in spec["modules"]:
+    name = pin.split("==", 1)[0]
+    versions.append([name, md.version(name)])
+report("ok", versions=versions)
+"""
+
+
+def _run_smoke(python: Path | str, modules: dict[str, list[str]], core_only: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONNOUSERSITE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+    spec = json.dumps({"modules": modules, "core_only": core_only})
+    with tempfile.TemporaryDirectory(prefix="bt-bench-smoke-") as cwd:
+        try:
+            proc = subprocess.run([str(python), "-c", _SMOKE, spec], cwd=cwd, env=env,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=SMOKE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return {"stage": "timeout"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("BT-BENCH-SMOKE "):
+            return json.loads(line[len("BT-BENCH-SMOKE "):])
+    return {"stage": "crash", "error": (proc.stdout + proc.stderr)[-4000:],
+            "returncode": proc.returncode}
+
+
+def _culprits(error: str, site_dir: Path, modules: dict[str, list[str]]) -> list[str]:
+    """The pins whose installed files appear in a traceback."""
+    roots = {str(site_dir).rstrip("/") + "/", os.path.realpath(site_dir).rstrip("/") + "/"}
+    return [pin for pin, mods in modules.items()
+            if any(f'"{r}{m}/' in error or f'"{r}{m}.' in error for r in roots for m in mods)]
+
+
+def _smoke_test(python: Path, pins: list[str], modules: dict[str, list[str]], site_dir: Path,
+                where: str) -> list[tuple[str, str]]:
+    """Run the smoke test in the new environment; return the installed versions or raise."""
+    out = _run_smoke(python, modules, core_only=False)
+    stage = out["stage"]
+    if stage == "ok":
+        return [(str(n), str(v)) for n, v in out["versions"]]
+    fix = ("fix: pin a version of it that works with the core environment (torch "
+           f"{_version('torch')}, transformers {_version('transformers')}), or drop it")
+    if stage == "import":
+        return _import_failure(out, where, fix, site_dir)
+    if stage in ("timeout", "crash"):
+        how = (f"it timed out after {SMOKE_TIMEOUT} s" if stage == "timeout"
+               else f"the interpreter died with exit status {out.get('returncode')}")
+        raise RequirementError(
+            f"{where}: the new environment with {', '.join(pins)} did not finish its smoke test "
+            f"({how}):\n{_error_summary(out.get('error', ''))}\n"
+            f"{fix.replace('of it', 'of each requirement')}."
+        )
+    # stage "core": torch or transformers failed; is it the requirements' fault?
+    error = out["error"]
+    core = "torch" if out["step"] == "import torch" else "transformers"
+    base = _run_smoke(sys.executable, {}, core_only=True)
+    if base["stage"] != "ok":
+        raise RequirementError(
+            f"bt-bench's own environment fails the same check without any requirement "
+            f"({out['step']}):\n{_error_summary(base.get('error', ''))}\n"
+            "fix: repair the core install (pip install -e .) before installing requirements."
+        )
+    blamed = _culprits(error, site_dir, modules)
+    who = (f"requirement {blamed[0]!r}" if len(blamed) == 1
+           else f"requirements {', '.join(blamed)}" if blamed
+           else f"one of the requirements {', '.join(pins)}")
+    raise RequirementError(
+        f"{where}: {who} breaks {core} (it works without the requirements): "
+        f"{out['step']} failed in the new environment:\n"
+        f"{_error_summary(error, site_dir=site_dir)}\n{fix}."
+    )
+
+
+def _import_failure(out: dict, where: str, fix: str, site_dir: Path):
+    error, pin, module = out["error"], out["pin"], out["module"]
+    missing = re.search(r"No module named '([^']+)'", error)
+    if missing:
+        hint = (f"fix: requirements are a lock installed without dependencies: add the package "
+                f"that provides {missing.group(1).split('.')[0]!r} as an exact pin (and the "
+                "packages it needs in turn)")
+    else:
+        hint = fix
+    raise RequirementError(
+        f"{where}: requirement {pin!r} installs but importing {module} fails:\n"
+        f"{_error_summary(error, site_dir=site_dir)}\n{hint}."
+    )
+
+
+def _version(name: str) -> str:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "(not installed)"

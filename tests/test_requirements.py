@@ -1,0 +1,344 @@
+"""Declared requirements: parsing, per-submission environments, their smoke test and the cache.
+
+Installs use small wheels built here (``--no-index --find-links``), so they run offline; one test
+installs a real wheel from PyPI and skips when PyPI cannot be reached.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmark import requirements as R
+from benchmark.requirements import (
+    CORE_PACKAGES,
+    RequirementError,
+    SubmissionEnv,
+    ensure_env,
+    parse_requirements,
+    refuse_in_process,
+)
+from benchmark.submissions import (
+    ALLOWED_KEYS,
+    SubmissionError,
+    VerifyReport,
+    _dump_metadata,
+    _failure_fix,
+    load_submission,
+    validate_metadata,
+)
+
+# ----------------------------------------------------------------------------------------------
+# parsing
+
+
+def test_parse_returns_canonical_pins_in_order():
+    assert parse_requirements(["Opt_Einsum==3.4.0", "kronfluence == 1.0.1", "a.b-c==2.0rc1"]) \
+        == ["opt-einsum==3.4.0", "kronfluence==1.0.1", "a-b-c==2.0rc1"]
+    assert parse_requirements(None) == []
+    assert parse_requirements([]) == []
+
+
+@pytest.mark.parametrize("value, message", [
+    ("kronfluence==1.0.1", r"must be a list of exact pins name==version"),
+    ([1], r"must be a list of exact pins"),
+    (["kronfluence>=1.0"], r"'kronfluence>=1.0' is not an exact pin \(it does not pin an exact "
+                           r"version with ==\); expected name==version"),
+    (["kronfluence"], r"does not pin an exact version"),
+    (["kronfluence==1.*"], r"wildcards and version ranges are not allowed"),
+    (["kronfluence==1.0,<2"], r"wildcards and version ranges"),
+    (["kronfluence==one"], r"'one' is not a valid version \(PEP 440\)"),
+    (["kronfluence @ https://example.org/k.whl"], r"URLs, paths, files and pip options"),
+    (["--index-url=https://example.org"], r"URLs, paths, files and pip options"),
+    (["./kronfluence-1.0.1-py3-none-any.whl"], r"URLs, paths, files and pip options"),
+    (["kronfluence[dev]==1.0.1"], r"extras are not allowed"),
+    (["kronfluence==1.0.1; python_version > '3'"], r"environment markers are not allowed"),
+    (["-bad-==1.0"], r"pip options"),
+    (["b@d==1.0"], r"URLs"),
+    ([""], r"it is empty"),
+    (["einops==0.8.2", "EINOPS==0.8.1"], r"'EINOPS==0.8.1' names einops again \(already "
+                                         r"'einops==0.8.2'\); list each package once"),
+    (["torch==2.4.0"], r"'torch==2.4.0' names torch, which the core environment provides .*"
+                       r"remove it from requirements"),
+    (["Scikit_Learn==1.5.0"], r"names scikit-learn, which the core environment provides"),
+    (["bt-bench==0.1.0"], r"names bt-bench, which the core environment provides"),
+])
+def test_parse_errors_name_value_form_and_fix(value, message):
+    with pytest.raises(RequirementError, match=message):
+        parse_requirements(value, "x.yaml")
+
+
+def test_every_core_package_is_refused():
+    for name in CORE_PACKAGES:
+        with pytest.raises(RequirementError, match="core environment provides"):
+            parse_requirements([f"{name}==1.0"])
+
+
+def test_submission_yaml_accepts_requirements_last_and_round_trips():
+    assert ALLOWED_KEYS[-1] == "requirements"
+    meta = validate_metadata({"name": "k", "authors": ["A"], "track": "open",
+                              "requirements": ["Opt_Einsum==3.4.0"]})
+    assert meta["requirements"] == ["opt-einsum==3.4.0"]
+    assert list(yaml.safe_load(_dump_metadata(meta))) == ["name", "authors", "track", "kind",
+                                                          "requirements"]
+    assert "requirements" not in validate_metadata({"name": "k", "authors": ["A"],
+                                                    "track": "open", "requirements": []})
+    with pytest.raises(SubmissionError, match=r"'torch==2\.4\.0' names torch"):
+        validate_metadata({"name": "k", "authors": ["A"], "track": "open",
+                           "requirements": ["torch==2.4.0"]})
+
+
+def test_the_kronfluence_submission_declares_a_valid_lock():
+    meta = yaml.safe_load((Path(__file__).parents[1] / "submissions" / "kronfluence-ekfac"
+                           / "submission.yaml").read_text())
+    pins = parse_requirements(meta["requirements"])
+    names = [p.split("==")[0] for p in pins]
+    assert names[0] == "kronfluence" and "torchvision" not in names
+    assert not set(names) & set(R.core_closure())  # nothing the core already provides
+
+
+def test_core_closure_holds_core_dependencies():
+    closure = R.core_closure()
+    assert closure["torch"] == "torch"
+    assert closure["packaging"] in CORE_PACKAGES  # a dependency of transformers and others
+
+
+# ----------------------------------------------------------------------------------------------
+# environments (offline wheels built here)
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """Write a minimal pure-Python wheel ``name==version`` holding ``files``."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    entries = dict(files)
+    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    entries[f"{info}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: bt-bench-tests\n"
+                                "Root-Is-Purelib: true\nTag: py3-none-any\n")
+    record = []
+    for path, text in entries.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{info}/RECORD,,")
+    entries[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    whl = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in entries.items():
+            z.writestr(path, text)
+    return whl
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("wheels")
+    _wheel(d, "btb-fixture-ok", "1.0", {"btb_fixture_ok/__init__.py": "VALUE = 42\n"})
+    _wheel(d, "btb-fixture-needs", "1.0",
+           {"btb_fixture_needs.py": "import btb_fixture_missing_dep\n"})
+    _wheel(d, "btb-fixture-shadow", "1.0", {"tqdm/__init__.py": "raise ImportError('shadow')\n"})
+    # like torchvision 0.28.0 on this CPU torch: transformers imports it while loading a model
+    _wheel(d, "torchvision", "0.28.99", {"torchvision/__init__.py": (
+        "raise RuntimeError('operator torchvision::nms does not exist')\n")})
+    return d
+
+
+def _offline(wheels: Path) -> list[str]:
+    return ["--no-index", "--find-links", str(wheels)]
+
+
+def _leftovers(cache: Path) -> list[str]:
+    envs = cache / "envs"
+    return sorted(p.name for p in envs.iterdir()) if envs.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def ok_env(tmp_path_factory, wheels) -> tuple[SubmissionEnv, Path]:
+    cache = tmp_path_factory.mktemp("cache")
+    env = ensure_env(["BTB_fixture_ok==1.0"], cache=cache, pip_args=_offline(wheels))
+    return env, cache
+
+
+def test_install_records_versions_and_shares_the_core(ok_env):
+    env, cache = ok_env
+    assert env.requirements == ("btb-fixture-ok==1.0",)
+    assert env.record() == [{"name": "btb-fixture-ok", "version": "1.0"}]
+    assert env.prefix.parent == cache / "envs" and env.prefix.name == R.env_key(
+        ["btb-fixture-ok==1.0"])
+    assert env.sandbox_kwargs() == {"python": str(env.prefix / "bin" / "python"),
+                                    "extra_read_only": [str(env.prefix)]}
+    out = subprocess.run(
+        [str(env.python), "-c", "import btb_fixture_ok, torch; print(btb_fixture_ok.VALUE); "
+         "print(torch.__file__)"], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "42"
+    assert not out[1].startswith(str(env.prefix))  # torch comes from bt-bench's interpreter
+    with pytest.raises(ImportError):  # and the requirement did not reach bt-bench's interpreter
+        __import__("btb_fixture_ok")
+    assert _leftovers(cache) == [env.prefix.name]
+
+
+def test_a_cached_environment_is_reused_without_pip(ok_env, wheels, monkeypatch):
+    env, cache = ok_env
+
+    def no_subprocess(*a, **k):
+        raise AssertionError("pip or the smoke test ran for a cached environment")
+
+    monkeypatch.setattr(R.subprocess, "run", no_subprocess)
+    again = ensure_env(["btb-fixture-ok==1.0"], cache=cache, pip_args=_offline(wheels))
+    assert again == env
+
+
+def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
+    env = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+    (env.prefix / R.MARKER).unlink()  # e.g. an install that was interrupted before the end
+    calls = []
+    real = R.subprocess.run
+
+    def counting(*a, **k):
+        calls.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(R.subprocess, "run", counting)
+    again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+    assert any("pip" in c for c in calls)
+    assert (again.prefix / R.MARKER).is_file() and _leftovers(tmp_path) == [again.prefix.name]
+
+
+def test_an_uninstallable_pin_is_a_clear_error_and_leaves_nothing(tmp_path, wheels):
+    with pytest.raises(RequirementError, match=r"(?s)x\.yaml: requirement 'btb-fixture-ok==9\.9'"
+                       r" cannot be installed: pip failed:.*No matching distribution.*"
+                       r"fix: pin a version that exists on PyPI as a wheel"):
+        ensure_env(["btb-fixture-ok==9.9"], cache=tmp_path, pip_args=_offline(wheels),
+                   where="x.yaml")
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_requirement_that_breaks_transformers_is_named(tmp_path, wheels):
+    with pytest.raises(RequirementError, match=r"(?s)requirement 'torchvision==0\.28\.99' breaks "
+                       r"transformers \(it works without the requirements\): load a Qwen2 model "
+                       r"with AutoModelForCausalLM failed.*operator torchvision::nms does not "
+                       r"exist.*fix: pin a version of it that works with the core environment"):
+        ensure_env(["torchvision==0.28.99"], cache=tmp_path, pip_args=_offline(wheels))
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_missing_dependency_of_a_requirement_says_to_pin_it(tmp_path, wheels):
+    with pytest.raises(RequirementError, match=r"(?s)requirement 'btb-fixture-needs==1\.0' "
+                       r"installs but importing btb_fixture_needs fails:.*No module named "
+                       r"'btb_fixture_missing_dep'.*add the package that provides "
+                       r"'btb_fixture_missing_dep' as an exact pin"):
+        ensure_env(["btb-fixture-needs==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_requirement_cannot_shadow_a_core_module(tmp_path, wheels):
+    with pytest.raises(RequirementError, match=r"'btb-fixture-shadow==1\.0' installs the "
+                       r"module\(s\) tqdm, which belong to the core environment"):
+        ensure_env(["btb-fixture-shadow==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_dependency_of_the_core_cannot_be_pinned(tmp_path):
+    with pytest.raises(RequirementError, match=r"'packaging==24\.0' names packaging, which is "
+                       r"installed as part of bt-bench's core environment \(a dependency of "):
+        ensure_env(["packaging==24.0"], cache=tmp_path)
+    assert _leftovers(tmp_path) == []
+
+
+def test_no_requirements_means_no_environment(tmp_path):
+    assert ensure_env([], cache=tmp_path) is None
+    refuse_in_process(None)
+
+
+def test_an_environment_cannot_run_in_process(ok_env):
+    with pytest.raises(RequirementError, match=r"declares requirements \(btb-fixture-ok==1\.0\)"
+                       r".*drop --no-isolation"):
+        refuse_in_process(ok_env[0])
+
+
+def _pypi_reachable() -> bool:
+    try:
+        with urllib.request.urlopen("https://pypi.org/simple/einops/", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_a_real_wheel_from_pypi(tmp_path):
+    if not _pypi_reachable():
+        pytest.skip("PyPI (https://pypi.org) cannot be reached from this machine")
+    env = ensure_env(["einops==0.8.2"], cache=tmp_path)
+    assert env.record() == [{"name": "einops", "version": "0.8.2"}]
+    out = subprocess.run([str(env.python), "-c", "import einops; print(einops.__version__)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.8.2"
+
+
+# ----------------------------------------------------------------------------------------------
+# verify's advice
+
+
+def _submission(tmp_path: Path, requirements: list[str] | None = None):
+    d = tmp_path / "demo"
+    d.mkdir()
+    (d / "estimator.py").write_text("import kronfluence\n")
+    meta = {"name": "demo", "authors": ["A"], "track": "open"}
+    if requirements:
+        meta["requirements"] = requirements
+    (d / "submission.yaml").write_text(yaml.safe_dump(meta))
+    (d / "results.json").write_text('{"estimator": {"track": "open"}}')
+    return load_submission(d)
+
+
+def test_verify_advice_for_a_missing_module_is_to_declare_it(tmp_path):
+    sub = _submission(tmp_path)
+    msg = ("demo/estimator.py: importing the file raised ModuleNotFoundError: No module named "
+           "'kronfluence.analyzer'; an estimator file may import only installed packages")
+    fix = _failure_fix(sub, msg)
+    assert "declare it in" in fix and "requirements:" in fix and "'kronfluence'" in fix
+    assert "--force" not in fix
+    report = VerifyReport(sub.path, error=f"re-evaluation failed: {msg}", fix=fix)
+    assert f"  fix: {fix}" in report.format()
+
+
+def test_verify_advice_for_other_failures_is_to_fix_the_estimator(tmp_path):
+    sub = _submission(tmp_path, ["einops==0.8.2"])
+    fix = _failure_fix(sub, "KronfluenceEKFAC.score_rollouts raised RuntimeError: boom")
+    assert fix.startswith("the estimator failed while being re-scored")
+
+
+def test_verify_reports_an_uninstallable_requirement_with_its_fix(tmp_path, monkeypatch):
+    from benchmark import sandbox
+    from benchmark.submissions import verify_submission
+
+    if not sandbox.probe().full:
+        pytest.skip("verify needs the full sandbox (bubblewrap), which this machine lacks")
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: the pin exists nowhere
+    sub = _submission(tmp_path, ["btb-fixture-absent==1.0"])
+    (sub.path / "results.json").write_text(
+        '{"estimator": {"track": "open", "sha256": "0"}, "release": {"id": "tiny"}}')
+    envs: dict = {}
+    report = verify_submission(sub.path, progress=False, envs=envs)
+    assert not report.ok
+    assert report.error.startswith("requirements could not be installed: ")
+    assert "'btb-fixture-absent==1.0' cannot be installed" in report.error
+    assert report.fix.startswith(f"correct requirements: in {sub.path / 'submission.yaml'}")
+    assert list(envs) == [("btb-fixture-absent==1.0",)]  # installed (tried) once per set
+
+
+def test_cli_parses_requirements_and_time_limits():
+    from benchmark.cli import build_parser
+
+    a = build_parser().parse_args(["submit", "e.py", "--name", "n", "--authors", "A",
+                                   "--requirements", "einops==0.8.2", "psutil==7.2.2",
+                                   "--time-limit", "900"])
+    assert a.requirements == ["einops==0.8.2", "psutil==7.2.2"] and a.time_limit == 900.0
+    assert build_parser().parse_args(["submit", "e.py", "--name", "n"]).requirements is None
+    assert build_parser().parse_args(["verify", "--time-limit", "700"]).time_limit == 700.0
