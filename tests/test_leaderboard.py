@@ -1,8 +1,21 @@
-"""Leaderboard generation: ordering, ties, stable output, --check, reference table, end to end."""
+"""Leaderboard generation on schema-2 results: ranking, ties, tracks, tasks, reference rows,
+fallback marks, colours, stable output, --check, the paper's reference table.
+
+The submissions are built from real results files (``tests/data/leaderboard/*.json``: one-seed
+evaluations of the built-ins, two controls, the open-track text-only control and an open-track
+entry that falls back to a sketch cosine on the step view), trimmed by :func:`trim_results` to
+what the leaderboard reads. Regenerate them with
+``python -m tests.test_leaderboard RESULTS.json ...`` (see tests/data/leaderboard/README.md).
+"""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
+import math
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,87 +24,132 @@ import yaml
 from benchmark.cli import main
 from benchmark.errors import InputFileError
 from benchmark.leaderboard import (
+    PALETTE,
     LeaderboardError,
-    build_row,
+    assign_colours,
+    build_entry,
     check,
     generate,
     paper_reference,
     rank_rows,
+    suite_row,
+    task_reference,
+    task_row,
 )
-from benchmark.submissions import submit
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTROLS = ["random", "norm-only", "fluency", "advantage-only", "step-order"]
-GATED_ITEMS = [(1, "magnitude"), (2, "fluency"), (3, "headroom"), (4, "timing"), (5, "seeds"),
-               (6, "draws"), (7, "precision_of_estimate"), (10, "causal")]
-GATED = [k for _, k in GATED_ITEMS]
+DATA = Path(__file__).resolve().parent / "data" / "leaderboard"
+TASKS = ["qzxbt", "vkwjp"]
+GATED_KEYS = ["magnitude", "fluency", "headroom", "timing", "seeds", "draws",
+              "precision_of_estimate", "causal"]
+#: submission name -> (results file, track, kind, declared fallbacks)
+STANDARD = {
+    "gas": ("gas", "gradient", "estimator", None),
+    "c1-dot": ("c1-dot", "gradient", "estimator", None),
+    "random": ("random", "gradient", "control", None),
+    "norm-only": ("norm-only", "gradient", "control", None),
+    "text-only": ("text-only", "open", "control", None),
+    "trigger-text": ("trigger-text", "open", "estimator", ["step"]),
+}
 
 
 # ----------------------------------------------------------------------------------------------
-# hand-built results (no evaluation needed); also used by test_leaderboard_browser.py
+# test data: trimmed real results (also used by test_leaderboard_browser.py)
 
 
-def fake_results(est: str, point: float, lo: float, hi: float, *, draws: bool = True,
-                 verdict: str = "fail", release: str = "tiny", manifest: str = "a" * 64,
-                 seeds: tuple[str, ...] = ("0", "1", "2"), track: str = "gradient") -> dict:
-    """A results dict with every field the leaderboard reads, values derived from ``point``."""
-    def window(p: float, chance: float, ceiling: float) -> dict:
-        return {"precision": p, "chance": chance, "ceiling": ceiling, "lift": p / chance,
-                "interval": [max(p - 0.05, 0.0), min(p + 0.05, 1.0)], "k": 4, "n": 16}
+def _pick(d: dict, keys) -> dict:
+    return {k: d[k] for k in keys if k in d}
 
-    def auc(p: float) -> dict:
-        return {"point": p, "lo": max(p - 0.1, 0.0), "hi": min(p + 0.1, 1.0)}
 
-    methods = [est, *[c for c in CONTROLS if c != est]]
-    per_seed = {}
-    for i, s in enumerate(seeds):
-        p = round(point + 0.01 * (i - 1), 10)
-        per_seed[s] = {
-            "training": {m: {"rollout": {"group": {"window": window(p, 0.25, 1.0)}},
-                             "step": {"group": {"window": window(p / 2, 0.25, 0.5)}}}
-                         for m in methods},
-            "draws": {m: ({f"step000{k}_draw{d}": {"raw": auc(p), "residualized": auc(p)}
-                           for k in (1, 2) for d in (0, 1)} if draws or m != est else {})
-                      for m in methods},
-        }
-    return {
-        "estimator": {"name": est, "class": "X", "sha256": "0" * 64, "track": track,
-                      "config": {}},
-        "release": {"id": release, "version": "1.0.0", "manifest_sha256": manifest},
-        "controls": CONTROLS,
-        "seeds": per_seed,
-        "summary": {
-            "precision_window_group": {est: {"point": point, "lo": lo, "hi": hi}},
-            "strongest_control": "random",
-            "margin_over_strongest_control": {"point": point - 0.3, "lo": lo - 0.3,
-                                              "hi": hi - 0.3},
-            "draw_auc_residualized_mean": {est: point} if draws else {},
-        },
-        "checklist": [{"item": i, "key": k, "verdict": verdict, "gated": True}
-                      for i, k in GATED_ITEMS],
-        "verdict": verdict,
-    }
+def trim_results(res: dict) -> dict:
+    """Keep what the leaderboard reads of a schema-2 results dict (the estimator's own training
+    blocks, every method's draws, the causal curves and bands, verdicts)."""
+    est = res["estimator"]["name"]
+    iv = ("point", "lo", "hi")
+    out = _pick(res, ("schema_version", "controls", "verdict"))
+    out["estimator"] = _pick(res["estimator"], ("name", "class", "sha256", "track", "tasks",
+                                                "config", "fallbacks"))
+    out["release"] = _pick(res["release"], ("id", "version", "manifest_sha256", "tasks"))
+    out["suite"] = _pick(res["suite"], ("causal_score", "random_band", "tasks", "verdicts"))
+    out["tasks"] = {}
+    for t, task in res["tasks"].items():
+        sm = task["summary"]
+        summary = _pick(sm, ("seeds", "causal_score", "random_band", "specificity_mean",
+                             "draw_auc_residualized_mean"))
+        if "precision_window_group" in sm:
+            summary["precision_window_group"] = {m: _pick(v, iv) for m, v in
+                                                 sm["precision_window_group"].items()}
+        seeds = {}
+        for s, block in task["seeds"].items():
+            tr = block["training"][est]
+            seeds[s] = {
+                "training": {est: {g: {"group": _pick(tr[g]["group"], ("window",))}
+                                   for g in ("rollout", "step")}},
+                "specificity": {est: block["specificity"][est]},
+                "draws": {m: {d: {"residualized": _pick(v["residualized"], iv)}
+                              for d, v in draws.items()}
+                          for m, draws in block["draws"].items()},
+            }
+        causal = _pick(task["causal"], ("verdict", "reason", "scores", "random_band"))
+        if "per_seed" in task["causal"]:
+            causal["per_seed"] = {
+                s: dict(_pick(b, ("gt_size", "k_grid", "verdict", "checks", "comparisons")),
+                        methods={m: {"score": v["score"],
+                                     "curve": [_pick(p, ("k", "fraction", "source"))
+                                               for p in v["curve"]]}
+                                 for m, v in b["methods"].items()},
+                        random_band=_pick(b["random_band"], ("lo", "hi", "curve")))
+                for s, b in task["causal"]["per_seed"].items()}
+        out["tasks"][t] = {
+            "behavior": task["behavior"], "summary": summary, "seeds": seeds, "causal": causal,
+            "checklist": [_pick(c, ("item", "key", "verdict", "gated"))
+                          for c in task["checklist"]],
+            "verdict": task["verdict"]}
+    return out
+
+
+def load_results(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
 
 
 def make_submission(root: Path, name: str, results: dict, kind: str = "estimator") -> Path:
     sub = root / name
     sub.mkdir(parents=True)
-    (sub / "estimator.py").write_text("# hand-built test submission\n")
+    (sub / "estimator.py").write_text("# test submission\n")
     meta = {"name": name, "authors": ["Test Author"], "track": results["estimator"]["track"],
-            "kind": kind, "description": f"hand-built {name}"}
+            "kind": kind, "description": f"test entry {name}"}
     (sub / "submission.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
     (sub / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     return sub
 
 
+def standard_results() -> dict[str, tuple[dict, str]]:
+    """Name -> (results, kind) of the six standard submissions."""
+    out = {}
+    for name, (file, _track, kind, fallbacks) in STANDARD.items():
+        res = load_results(file)
+        if fallbacks is not None:
+            res["estimator"]["fallbacks"] = fallbacks
+        out[name] = (res, kind)
+    return out
+
+
 def standard_submissions(root: Path) -> Path:
-    """Five submissions: two tied at the top, a clear third, a control, one without draws."""
-    make_submission(root, "alpha", fake_results("Alpha", 0.80, 0.70, 0.90, verdict="pass"))
-    make_submission(root, "beta", fake_results("Beta", 0.75, 0.68, 0.85))
-    make_submission(root, "gamma", fake_results("Gamma", 0.50, 0.45, 0.55, draws=False))
-    make_submission(root, "random", fake_results("random", 0.30, 0.20, 0.40), kind="control")
-    make_submission(root, "delta", fake_results("Delta", 0.62, 0.58, 0.66, verdict="inconclusive"))
+    """Gradient: gas, c1-dot and the random and norm-only controls; open: the text-only control
+    and trigger-text (declares a step-view fallback)."""
+    for name, (res, kind) in standard_results().items():
+        make_submission(root, name, res, kind)
     return root
+
+
+def set_causal(res: dict, task: str, point: float, lo: float, hi: float) -> dict:
+    """Set the estimator's causal score on ``task`` (and the suite's, as the mean over tasks)."""
+    est = res["estimator"]["name"]
+    res["tasks"][task]["summary"]["causal_score"][est] = {"point": point, "lo": lo, "hi": hi}
+    pts = [res["tasks"][t]["summary"]["causal_score"][est] for t in res["tasks"]]
+    res["suite"]["causal_score"][est] = {k: sum(p[k] for p in pts) / len(pts)
+                                         for k in ("point", "lo", "hi")}
+    return res
 
 
 REFERENCE_ROWS = [
@@ -102,16 +160,20 @@ REFERENCE_ROWS = [
 ]
 
 
+def _meta(name: str, res: dict, kind: str = "estimator") -> dict:
+    return {"name": name, "authors": ["A"], "track": res["estimator"]["track"], "kind": kind}
+
+
 # ----------------------------------------------------------------------------------------------
 # ranking
 
 
 def _row(name: str, point: float | None, lo: float = 0.0, hi: float = 0.0) -> dict:
-    return {"name": name, "precision": None if point is None else
+    return {"name": name, "causal_score": None if point is None else
             {"point": point, "lo": lo, "hi": hi}}
 
 
-def test_rows_are_ordered_by_precision_and_overlaps_tie():
+def test_rows_are_ordered_by_causal_score_and_overlaps_tie():
     rows = rank_rows([_row("c", 0.5, 0.45, 0.55), _row("a", 0.8, 0.7, 0.9),
                       _row("none", None), _row("b", 0.75, 0.68, 0.85), _row("d", 0.2, 0.1, 0.3)])
     assert [r["name"] for r in rows] == ["a", "b", "c", "d", "none"]
@@ -136,17 +198,124 @@ def test_touching_intervals_tie_disjoint_do_not():
     assert rank_rows([_row("a", 0.6, 0.51, 0.7), _row("b", 0.4, 0.3, 0.5)])[1]["rank_label"] == "2"
 
 
-def test_build_row_metrics():
-    row = build_row({"name": "alpha", "authors": ["A"], "track": "gradient", "kind": "estimator"},
-                    fake_results("Alpha", 0.8, 0.7, 0.9, verdict="pass"))
-    assert row["precision"] == {"point": 0.8, "lo": 0.7, "hi": 0.9}
-    assert row["chance"] == pytest.approx(0.25) and row["lift"] == pytest.approx(3.2)
-    assert row["step_precision"] == pytest.approx(0.4)
-    assert row["margin"]["point"] == pytest.approx(0.5) and row["strongest_control"] == "random"
-    assert row["draw_auc"] == 0.8 and row["verdict"] == "pass"
-    assert row["checklist"] == dict.fromkeys(GATED, "pass")
-    assert [s["seed"] for s in row["seeds"]] == ["0", "1", "2"]
-    assert row["figure"] == "figures/submissions/alpha.png"
+def test_rank_key_is_a_parameter():
+    rows = [{"name": "a", "precision": {"point": 0.2, "lo": 0.1, "hi": 0.3}, "causal_score": None},
+            {"name": "b", "precision": {"point": 0.9, "lo": 0.8, "hi": 1.0}, "causal_score": None}]
+    assert [r["name"] for r in rank_rows(rows, "precision")] == ["b", "a"]
+    assert [r["rank_label"] for r in rank_rows(rows)] == ["-", "-"]
+
+
+# ----------------------------------------------------------------------------------------------
+# reading schema-2 results
+
+
+def test_task_row_reads_the_summary_of_its_task():
+    res = load_results("gas")
+    sm = res["tasks"]["vkwjp"]["summary"]
+    row = task_row(_meta("gas", res), res, "vkwjp")
+    assert row["causal_score"] == sm["causal_score"]["GAS"]
+    assert row["precision"] == {k: sm["precision_window_group"]["GAS"][k]
+                                for k in ("point", "lo", "hi")}
+    win = res["tasks"]["vkwjp"]["seeds"]["0"]["training"]["GAS"]
+    assert row["chance"] == win["rollout"]["group"]["window"]["chance"]
+    assert row["lift"] == pytest.approx(row["precision"]["point"] / row["chance"])
+    assert row["step_precision"] == win["step"]["group"]["window"]["precision"]
+    assert row["step_ceiling"] == win["step"]["group"]["window"]["ceiling"]
+    assert row["specificity"] == sm["specificity_mean"]["GAS"]
+    assert row["draw_auc"] == sm["draw_auc_residualized_mean"]["GAS"]
+    items = {c["key"]: c["verdict"] for c in res["tasks"]["vkwjp"]["checklist"]}
+    assert row["checklist"] == {k: items[k] for k in GATED_KEYS}
+    assert row["verdict"] == res["tasks"]["vkwjp"]["verdict"]
+    assert row["fallbacks"] == []
+
+
+def test_reference_rows_come_from_the_results():
+    res = load_results("c1-dot")
+    sm = res["tasks"]["qzxbt"]["summary"]
+    ref = task_reference(res, "qzxbt")
+    assert ref["oracle"]["causal_score"] == sm["causal_score"]["oracle"]
+    assert ref["provenance"]["causal_score"] == sm["causal_score"]["provenance"]
+    assert ref["random"]["band"] == sm["random_band"]
+    win = res["tasks"]["qzxbt"]["seeds"]["0"]["training"]["C1-dot"]
+    assert ref["oracle"]["precision"] == 1.0
+    assert ref["oracle"]["step_precision"] == win["step"]["group"]["window"]["ceiling"]
+    assert ref["random"]["precision"] == win["rollout"]["group"]["window"]["chance"]
+    spec = res["tasks"]["qzxbt"]["seeds"]["0"]["specificity"]["C1-dot"]["vkwjp"]
+    assert ref["random"]["specificity"] == spec["chance"]
+    # the reference rows do not depend on the estimator
+    assert task_reference(load_results("random"), "qzxbt") == ref
+
+
+def test_suite_row_and_band():
+    res = load_results("gas")
+    row = suite_row(_meta("gas", res), res, TASKS)
+    assert row["causal_score"] == res["suite"]["causal_score"]["GAS"]
+    assert row["tasks"] == {t: res["tasks"][t]["summary"]["causal_score"]["GAS"] for t in TASKS}
+    assert row["task_verdicts"] == {t: res["tasks"][t]["verdict"] for t in TASKS}
+    from benchmark.leaderboard.rows import suite_reference
+
+    ref = suite_reference(res, TASKS)
+    bands = [res["tasks"][t]["summary"]["random_band"] for t in TASKS]
+    assert ref["random"]["band"] == pytest.approx(
+        {k: sum(b[k] for b in bands) / 2 for k in ("lo", "hi")})
+    assert ref["oracle"]["causal_score"] == res["suite"]["causal_score"]["oracle"]
+    res["suite"]["random_band"] = {"lo": -0.5, "hi": 0.5}  # recorded by the evaluator: used
+    assert suite_reference(res, TASKS)["random"]["band"] == {"lo": -0.5, "hi": 0.5}
+
+
+def test_fallbacks_default_to_none_and_are_validated():
+    res = load_results("trigger-text")
+    assert "fallbacks" not in res["estimator"]
+    assert build_entry(_meta("t", res), res)["fallbacks"] == []
+    res["estimator"]["fallbacks"] = ["draws", "step"]
+    assert build_entry(_meta("t", res), res)["fallbacks"] == ["step", "draws"]
+    res["estimator"]["fallbacks"] = ["steps"]
+    with pytest.raises(LeaderboardError, match=r"estimator.fallbacks is \['steps'\]; expected a "
+                                               r"list drawn from \['step', 'draws'\]"):
+        build_entry(_meta("t", res), res)
+
+
+def test_schema_1_results_are_refused(tmp_path):
+    res = load_results("gas")
+    res["schema_version"] = 1
+    make_submission(tmp_path / "submissions", "old", res)
+    with pytest.raises(LeaderboardError, match=r"'old': results.json has schema_version 1; the "
+                                               r"leaderboard reads schema 2 .* --force"):
+        generate(tmp_path / "submissions", tmp_path / "lb")
+
+
+# ----------------------------------------------------------------------------------------------
+# colours
+
+
+def _lab(hex_colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB hex colour."""
+    rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    xyz = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+           (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    f = [t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def test_palette_colours_are_distinct():
+    # CIE76 distance: ~2.3 is a just-noticeable difference; 25+ reads as a different colour
+    for a, b in itertools.combinations(PALETTE, 2):
+        assert math.dist(_lab(a), _lab(b)) >= 25, (a, b)
+
+
+def test_colours_are_fixed_per_name_and_distinct_per_entry():
+    names = [f"e{i:02d}" for i in range(12)]
+    entries = [{"name": n, "kind": "estimator"} for n in names] + [
+        {"name": "random", "kind": "control"}, {"name": "norm-only", "kind": "control"}]
+    colours = assign_colours(entries)
+    assert assign_colours(list(reversed(entries))) == colours  # input order does not matter
+    first = [colours[n]["colour"] for n in names[:len(PALETTE)]]
+    assert len(set(first)) == len(PALETTE)
+    pairs = [(colours[n]["colour"], colours[n]["marker"]) for n in names]
+    assert len(set(pairs)) == len(names)  # past the palette, the marker tells them apart
+    assert colours["random"]["colour"] == colours["norm-only"]["colour"] != first[0]
+    assert colours["random"]["marker"] != colours["norm-only"]["marker"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,29 +332,138 @@ def board(tmp_path_factory) -> tuple[Path, Path]:
     return root, out
 
 
-def test_markdown_json_html_agree_on_order_and_ties(board):
+def _tables(md: str) -> dict[str, list[list[str]]]:
+    """Markdown tables by the heading and track line above them: title -> rows of cells."""
+    out: dict[str, list[list[str]]] = {}
+    heading = track = ""
+    for line in md.split("## Reference:")[0].splitlines():
+        if line.startswith("### "):
+            heading = line[4:]
+        elif line.startswith("**") and "track**" in line:
+            track = line.split("**")[1]
+        elif line.startswith("| ") and not line.startswith("| rank"):
+            out.setdefault(f"{heading} / {track}", []).append(
+                [c.strip() for c in line.strip("|").split("|")])
+    return out
+
+
+def test_one_table_per_track_and_task_ranked_by_causal_score(board):
     _, out = board
     data = json.loads((out / "leaderboard.json").read_text())
     (rel,) = data["releases"]
-    assert rel["id"] == "tiny"
-    assert [r["name"] for r in rel["rows"]] == ["alpha", "beta", "delta", "gamma", "random"]
-    assert [r["rank_label"] for r in rel["rows"]] == ["=1", "=1", "3", "4", "5"]
+    assert rel["id"] == "tiny" and [t["id"] for t in rel["tasks"]] == TASKS
+    results = {n: r for n, (r, _) in standard_results().items()}
+    for task in rel["tasks"]:
+        assert [t["track"] for t in task["tracks"]] == ["gradient", "open"]
+        for table in task["tracks"]:
+            assert table["ranked_by"] == "causal_score"
+            names = [r["name"] for r in table["rows"]]
+            assert {STANDARD[n][1] for n in names} == {table["track"]}
+            points = [r["causal_score"]["point"] for r in table["rows"]]
+            assert points == sorted(points, reverse=True)
+            for r in table["rows"]:
+                res = results[r["name"]]
+                want = res["tasks"][task["id"]]["summary"]["causal_score"][
+                    res["estimator"]["name"]]
+                assert r["causal_score"] == pytest.approx(want)
+    # vkwjp, gradient: c1-dot and gas are apart from each other and from the controls
+    vk = rel["tasks"][1]["tracks"][0]
+    assert [(r["name"], r["rank_label"]) for r in vk["rows"]] == [
+        ("c1-dot", "1"), ("gas", "2"), ("norm-only", "=3"), ("random", "=3")]
+    # the suite: mean over tasks and seeds, one table per track
+    suite = {t["track"]: t for t in rel["suite"]["tracks"]}
+    assert [r["name"] for r in suite["gradient"]["rows"]] == ["c1-dot", "gas", "norm-only",
+                                                               "random"]
+    assert suite["gradient"]["rows"][0]["causal_score"] == pytest.approx(
+        results["c1-dot"]["suite"]["causal_score"]["C1-dot"])
+    assert [r["name"] for r in suite["open"]["rows"]] == ["text-only", "trigger-text"]
+
+
+def test_oracle_and_provenance_on_top_random_band_at_the_bottom(board):
+    _, out = board
     md = (out / "README.md").read_text()
-    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
-    ranked = [ln for ln in lines if "../submissions/" in ln]
-    assert [ln.split("|")[1].strip() for ln in ranked] == ["=1", "=1", "3", "4", "5"]
-    assert "0.800 [0.700, 0.900]" in ranked[0] and "+0.500 [+0.400, +0.600] vs random" in ranked[0]
-    assert "control" in ranked[4] and "*[random]" in ranked[4]
+    tables = _tables(md)
+    assert len(tables) == 2 + 2 * 2  # suite and two tasks, two tracks each
+    for title, rows in tables.items():
+        names = [r[1] for r in rows]
+        assert names[0] == "**oracle (group labels)**", title
+        assert names[1] == "**provenance (rollout labels)**", title
+        assert names[-1].startswith("**random band"), title
+        assert [r[0] for r in rows[:2]] == ["ref", "ref"] and rows[-1][0] == "ref"
+    gas = load_results("gas")
+    vk = tables["Task `vkwjp` (weak: trigger `snarfle` -> `VKWJP`) / Gradient track"]
+    oracle = gas["tasks"]["vkwjp"]["summary"]["causal_score"]["oracle"]
+    band = gas["tasks"]["vkwjp"]["summary"]["random_band"]
+    assert vk[0][3] == f"{oracle['point']:.3f} [{oracle['lo']:.3f}, {oracle['hi']:.3f}]"
+    assert vk[-1][3] == f"{band['lo']:.3f} .. {band['hi']:.3f}"
+    assert vk[-1][4].endswith("(chance)") and vk[0][4] == "1.000 (ceiling)"
     html = (out / "index.html").read_text()
-    order = [html.index(f'data-name="{n}"') for n in ("alpha", "beta", "delta", "gamma", "random")]
-    assert order == sorted(order)
-    assert '<tr data-name="random" class="control">' in html
+    table = html.split('id="task-tiny-vkwjp-gradient"')[1].split("</table>")[0]
+    top, ranked, bottom = table.split("<tbody")[1:]
+    assert 'data-name="oracle"' in top and 'data-name="provenance"' in top
+    assert 'data-name="random"' in bottom and 'class="reference"' in bottom
+    assert 'class="ranked"' in ranked and ranked.count("<tr ") == 4
+
+
+def test_fallbacks_are_marked_where_their_numbers_show(board):
+    _, out = board
+    tables = _tables((out / "README.md").read_text())
+    for task in ("`qzxbt` (strong: trigger `frobnitz` -> `QZXBT`)",
+                 "`vkwjp` (weak: trigger `snarfle` -> `VKWJP`)"):
+        rows = {r[1].split("]")[0].strip("*[") : r for r in tables[f"Task {task} / Open track"]}
+        assert rows["trigger-text"][5].endswith(" \u2020")  # step P: a fallback
+        assert "\u2020" not in rows["trigger-text"][4]  # precision: its own method
+        assert "\u2020" not in rows["text-only"][5]
+        gradient = tables[f"Task {task} / Gradient track"]
+        assert not any("\u2020" in c for r in gradient for c in r)
+    html = (out / "index.html").read_text()
+    table = html.split('id="task-tiny-qzxbt-open"')[1].split("</table>")[0]
+    row = table.split('<tr data-name="trigger-text">')[1].split("</tr>")[0]
+    assert 'class="num fallback" title="falls back to a generic sketch method on the step view' \
+        in row
+    data = json.loads((out / "leaderboard.json").read_text())
+    entries = data["releases"][0]["entries"]
+    assert entries["trigger-text"]["fallbacks"] == ["step"]
+    assert entries["gas"]["fallbacks"] == []
+
+
+def test_specificity_of_builtins_and_controls(board):
+    _, out = board
+    tables = _tables((out / "README.md").read_text())
+    results = {n: r for n, (r, _) in standard_results().items()}
+    for task, title in (("qzxbt", "Task `qzxbt` (strong: trigger `frobnitz` -> `QZXBT`)"),
+                        ("vkwjp", "Task `vkwjp` (weak: trigger `snarfle` -> `VKWJP`)")):
+        rows = tables[f"{title} / Gradient track"] + tables[f"{title} / Open track"]
+        shown = {r[1].split("]")[0].strip("*["): r[6] for r in rows}
+        for name, res in results.items():
+            want = res["tasks"][task]["summary"]["specificity_mean"][res["estimator"]["name"]]
+            assert shown[name] == f"{want:.3f}"
+        chance = res["tasks"][task]["seeds"]["0"]["specificity"][res["estimator"]["name"]]
+        other = next(t for t in TASKS if t != task)
+        assert shown["random band / chance"] == f"{chance[other]['chance']:.3f}"
+
+
+def test_figures_are_drawn_listed_and_linked(board):
+    _, out = board
+    data = json.loads((out / "leaderboard.json").read_text())
+    md = (out / "README.md").read_text()
+    html = (out / "index.html").read_text()
+    rel = data["releases"][0]
+    expected = set()
+    for task in rel["tasks"]:
+        for table in task["tracks"]:
+            kinds = {"curves", "precision"} | ({"draw_auc"} if table["track"] == "gradient"
+                                               else set())  # no open entry scores draws
+            assert set(table["figures"]) == kinds
+            for path in table["figures"].values():
+                expected.add(path)
+                assert f"]({path})" in md and f'src="{path}"' in html
+    expected |= {f"figures/submissions/{n}.png" for n in STANDARD}
+    assert set(data["figures"]) == expected
+    for path in expected:
+        assert (out / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(data["figures"][path]["data_sha256"]) == 64
     assert "http://" not in html and "https://" not in html  # nothing fetched from the network
-    for png in ("figures/precision_tiny.png", "figures/draw_auc_tiny.png",
-                *[f"figures/submissions/{n}.png" for n in ("alpha", "gamma", "random")]):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert png in data["figures"] and f'src="{png}"' in html or f'href="{png}"' in html
-        assert png in md
 
 
 def test_reference_table_is_separate_and_labelled(board):
@@ -205,71 +483,124 @@ def test_same_inputs_give_byte_identical_output(board, tmp_path):
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(again).as_posix() for p in again.rglob("*")
                            if p.is_file())
-    assert len(files) == 3 + 2 + 5
+    assert len(files) == 3 + 10 + len(STANDARD)
     for f in files:
         assert (out / f).read_bytes() == (again / f).read_bytes(), f
-    # input order on disk never matters: rank_rows sorts; the folder listing is sorted too
     assert check(root, again) == []
 
 
 def test_check_detects_stale_files(board, tmp_path, capsys):
-    import shutil
-
     root, out = board
     lb = tmp_path / "leaderboard"
     shutil.copytree(out, lb)
     assert main(["leaderboard", "--submissions-dir", str(root), "--out", str(lb),
                  "--check"]) == 0
     (lb / "README.md").write_text((lb / "README.md").read_text() + "hand edit\n")
-    (lb / "figures" / "submissions" / "gamma.png").unlink()
+    (lb / "figures" / "submissions" / "gas.png").unlink()
     (lb / "figures" / "submissions" / "old.png").write_bytes(b"x")
     rc = main(["leaderboard", "--submissions-dir", str(root), "--out", str(lb), "--check"])
     out_text = capsys.readouterr().out
     assert rc == 1
     assert f"{lb}/README.md" in out_text
-    assert f"{lb}/figures/submissions/gamma.png" in out_text
+    assert f"{lb}/figures/submissions/gas.png" in out_text
     assert f"{lb}/figures/submissions/old.png (no longer generated)" in out_text
     assert "leaderboard.json" not in out_text.split("stale files:")[1].split("fix:")[0]
     assert f"fix: bt-bench leaderboard --submissions-dir {root} --out {lb}" in out_text
-    # regenerating fixes it and removes the stale figure
+    # regenerating fixes it: the missing figure is drawn, the stale one removed
     generate(root, lb)
     assert check(root, lb) == []
     assert not (lb / "figures" / "submissions" / "old.png").exists()
 
 
-def test_check_flags_figures_whose_data_changed(board, tmp_path):
-    import shutil
-
+def test_figures_are_redrawn_only_when_their_data_changes(board, tmp_path):
     root, out = board
-    subs = tmp_path / "submissions"
+    subs, lb = tmp_path / "submissions", tmp_path / "leaderboard"
     shutil.copytree(root, subs)
-    res = json.loads((subs / "gamma" / "results.json").read_text())
-    res["seeds"]["1"]["training"]["Gamma"]["rollout"]["group"]["window"]["precision"] = 0.1
-    (subs / "gamma" / "results.json").write_text(json.dumps(res))
-    stale = check(subs, out)
-    assert f"{out}/leaderboard.json" in stale
-    assert f"{out}/figures/precision_tiny.png" in stale
-    assert f"{out}/figures/submissions/gamma.png" in stale
-    assert f"{out}/figures/submissions/alpha.png" not in stale
-    assert f"{out}/figures/draw_auc_tiny.png" not in stale  # gamma scores no draws
+    shutil.copytree(out, lb)
+    kept = lb / "figures" / "curves_tiny_qzxbt_gradient.png"
+    kept.write_bytes(b"\x89PNG\r\n\x1a\n-- drawn on another machine --")
+    res = json.loads((subs / "trigger-text" / "results.json").read_text())
+    res["tasks"]["qzxbt"]["seeds"]["0"]["training"]["trigger-text"]["step"]["group"]["window"][
+        "precision"] = 0.1
+    (subs / "trigger-text" / "results.json").write_text(json.dumps(res))
+    stale = check(subs, lb)
+    assert stale == [f"{lb}/README.md", f"{lb}/leaderboard.json", f"{lb}/index.html",
+                     f"{lb}/figures/precision_tiny_qzxbt_open.png",
+                     f"{lb}/figures/submissions/trigger-text.png"]
+    generate(subs, lb)
+    assert check(subs, lb) == []
+    assert kept.read_bytes().endswith(b"-- drawn on another machine --")  # data unchanged: kept
+    changed = lb / "figures" / "precision_tiny_qzxbt_open.png"
+    assert changed.read_bytes() != (out / "figures" / "precision_tiny_qzxbt_open.png").read_bytes()
 
 
 def test_releases_are_ranked_apart_and_must_agree_on_the_build(tmp_path):
     root = tmp_path / "submissions"
-    make_submission(root, "a", fake_results("A", 0.8, 0.7, 0.9))
-    make_submission(root, "b", fake_results("B", 0.6, 0.5, 0.65, release="small"))
+    gas, c1 = load_results("gas"), load_results("c1-dot")
+    c1["release"]["id"] = "small"
+    make_submission(root, "gas", gas)
+    make_submission(root, "c1-dot", c1)
     generate(root, tmp_path / "lb")
     data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
-    assert [(r["id"], [x["rank_label"] for x in r["rows"]]) for r in data["releases"]] == [
-        ("small", ["1"]), ("tiny", ["1"])]
-    make_submission(root, "c", fake_results("C", 0.5, 0.4, 0.6, manifest="b" * 64))
-    with pytest.raises(LeaderboardError, match=r"disagree on its manifest sha256: a \(aaaa"):
+    assert [(r["id"], list(r["entries"])) for r in data["releases"]] == [
+        ("small", ["c1-dot"]), ("tiny", ["gas"])]
+    other = load_results("random")
+    other["release"]["manifest_sha256"] = "b" * 64
+    make_submission(root, "random", other, kind="control")
+    with pytest.raises(LeaderboardError, match=r"disagree on its manifest sha256: gas \(403e3f8e"):
         generate(root, tmp_path / "lb2")
+
+
+def test_reference_rows_must_agree_within_a_release(tmp_path):
+    root = tmp_path / "submissions"
+    make_submission(root, "gas", load_results("gas"))
+    c1 = load_results("c1-dot")
+    c1["tasks"]["vkwjp"]["summary"]["causal_score"]["oracle"]["point"] = 0.5
+    make_submission(root, "c1-dot", c1)
+    with pytest.raises(LeaderboardError, match=r"release 'tiny': suite reference rows\.oracle\."
+                                               r"tasks\.vkwjp\.point differs between "
+                                               r"submissions 'c1-dot' \(0\.5\) and 'gas'"):
+        generate(root, tmp_path / "lb")
+
+
+def test_an_entry_must_cover_every_task(tmp_path):
+    root = tmp_path / "submissions"
+    make_submission(root, "gas", load_results("gas"))
+    c1 = load_results("c1-dot")
+    del c1["tasks"]["vkwjp"]
+    c1["release"]["tasks"] = ["qzxbt"]
+    make_submission(root, "c1-dot", c1)
+    with pytest.raises(LeaderboardError, match=r"'c1-dot' on release 'tiny' has no results for "
+                                               r"task\(s\) vkwjp"):
+        generate(root, tmp_path / "lb")
+
+
+def test_without_causal_scores_task_tables_rank_by_precision(tmp_path):
+    root = tmp_path / "submissions"
+    for name in ("gas", "c1-dot"):
+        res = load_results(name)
+        res["suite"].pop("causal_score")
+        for task in res["tasks"].values():
+            task["summary"].pop("causal_score")
+            task["summary"].pop("random_band")
+            task["causal"] = {"verdict": "not_run", "reason": "skipped (--no-causal)"}
+        make_submission(root, name, res)
+    generate(root, tmp_path / "lb")
+    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
+    rel = data["releases"][0]
+    assert rel["suite"]["tracks"][0]["ranked_by"] is None
+    assert [r["rank_label"] for r in rel["suite"]["tracks"][0]["rows"]] == ["-", "-"]
+    table = rel["tasks"][0]["tracks"][0]
+    assert table["ranked_by"] == "precision" and set(table["figures"]) == {"precision",
+                                                                           "draw_auc"}
+    assert [r["name"] for r in table["rows"]] == ["gas", "c1-dot"]  # 0.980 > 0.860 on qzxbt
+    md = (tmp_path / "lb" / "README.md").read_text()
+    assert "**Gradient track** (no causal reference on this release: ranked by precision)" in md
 
 
 def test_malformed_reference_file_is_an_error(tmp_path):
     root = tmp_path / "submissions"
-    make_submission(root, "a", fake_results("A", 0.8, 0.7, 0.9))
+    make_submission(root, "gas", load_results("gas"))
     (root / "_reference").mkdir()
     (root / "_reference" / "paper_rows.json").write_text(json.dumps([{"seed": "0"}]))
     with pytest.raises(InputFileError, match=r"row 0 has keys \['seed'\]; expected exactly"):
@@ -281,6 +612,24 @@ def test_empty_submissions_give_an_empty_board(tmp_path):
     generate(tmp_path / "submissions", tmp_path / "lb")
     assert "No submissions yet." in (tmp_path / "lb" / "README.md").read_text()
     assert "Not available" in (tmp_path / "lb" / "index.html").read_text()
+
+
+def test_multi_seed_results_plot_every_seed(tmp_path):
+    """Two seeds (the second a shifted copy of the first): rows average, figures draw both."""
+    res = load_results("gas")
+    for task in res["tasks"].values():
+        for block in ("seeds",):
+            task[block]["1"] = copy.deepcopy(task[block]["0"])
+        task["causal"]["per_seed"]["1"] = copy.deepcopy(task["causal"]["per_seed"]["0"])
+        win = task["seeds"]["1"]["training"]["GAS"]["step"]["group"]["window"]
+        win["precision"] = win["precision"] / 2
+    make_submission(tmp_path / "submissions", "gas", res)
+    generate(tmp_path / "submissions", tmp_path / "lb")
+    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
+    row = data["releases"][0]["tasks"][0]["tracks"][0]["rows"][0]
+    step0 = res["tasks"]["qzxbt"]["seeds"]["0"]["training"]["GAS"]["step"]["group"]["window"]
+    assert row["step_precision"] == pytest.approx(0.75 * step0["precision"])
+    assert (tmp_path / "lb" / "figures" / "precision_tiny_qzxbt_gradient.png").is_file()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,7 +647,6 @@ def test_paper_reference_rows(paper_runs):
     # seeds 1 and 2 of the step-level tables need files the paper did not release
     assert ("1", "overall", "C1-dot") in {(r["seed"], r["table"], r["method"])
                                          for r in by_source["paper_csv"]}
-    # every row of the paper's CSV is present exactly once
     import csv
 
     with (paper_runs / "results_table.csv").open() as fh:
@@ -316,26 +664,25 @@ NEW_ESTIMATOR = '''"""A new estimator for the test: in-context cosine minus a st
 
 import numpy as np
 
-from estimators.base import BaseEstimator, cosine
+from estimators.base import BaseEstimator, sketch_cosine
 
 
 class EarlyCosine(BaseEstimator):
     name = "early-cosine"
     track = "gradient"
-    tasks = ("rollouts", "draws")
+    tasks = ("rollouts",)
 
     def __init__(self, weight: float = 0.1) -> None:
         self.weight = weight
 
     def score_rollouts(self, view):
-        return cosine(view.sketches, view.target("in_context")) - self.weight * view.steps
-
-    def score_draw(self, view, draw):
-        return cosine(draw.sketches, view.target("in_context", draw.checkpoint_step))
+        return sketch_cosine(view, view.target("in_context")) - self.weight * view.steps
 '''
 
 
 def test_new_submission_appears_in_markdown_json_html_and_figures(micro_release, tmp_path):
+    from benchmark.submissions import submit
+
     est = tmp_path / "early_cosine.py"
     est.write_text(NEW_ESTIMATOR)
     subs = tmp_path / "submissions"
@@ -348,12 +695,23 @@ def test_new_submission_appears_in_markdown_json_html_and_figures(micro_release,
     assert main(["leaderboard", "--submissions-dir", str(subs), "--out", str(out)]) == 0
     data = json.loads((out / "leaderboard.json").read_text())
     (rel,) = data["releases"]
-    row = next(r for r in rel["rows"] if r["name"] == "early-cosine")
-    assert row["estimator"]["name"] == "early-cosine" and row["kind"] == "estimator"
-    assert row["precision"]["point"] is not None
+    assert rel["entries"]["early-cosine"]["estimator"]["name"] == "early-cosine"
+    for task in rel["tasks"]:
+        (table,) = task["tracks"]
+        assert {r["name"] for r in table["rows"]} == {"gas", "early-cosine"}
+        assert table["figures"]["precision"] in data["figures"]
     assert "[early-cosine](../submissions/early-cosine/)" in (out / "README.md").read_text()
     assert 'data-name="early-cosine"' in (out / "index.html").read_text()
     assert (out / "figures" / "submissions" / "early-cosine.png").is_file()
-    assert "figures/submissions/early-cosine.png" in data["figures"]
     assert main(["leaderboard", "--submissions-dir", str(subs), "--out", str(out),
                  "--check"]) == 0
+
+
+if __name__ == "__main__":
+    # python -m tests.test_leaderboard RESULTS.json ...: write trimmed copies into DATA
+    DATA.mkdir(parents=True, exist_ok=True)
+    for arg in sys.argv[1:]:
+        trimmed = trim_results(json.loads(Path(arg).read_text()))
+        text = json.dumps(trimmed, sort_keys=True, separators=(",", ":"))
+        (DATA / Path(arg).name).write_text(text + "\n")
+        print(f"wrote {DATA / Path(arg).name}")

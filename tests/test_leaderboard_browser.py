@@ -1,12 +1,14 @@
-"""The generated index.html in headless Chromium: table and figures render, headers sort.
+"""The generated index.html in headless Chromium: it fits a 1,400 px window, figures load,
+headers sort the ranked rows (the reference rows stay put), fallbacks are marked.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package (CI installs
-them); skips with the reason when one is missing. The screenshot is written to
-``$BT_BENCH_SCREENSHOT_DIR`` when set (else the test's temp folder) so a person can look at it.
+them); skips with the reason when one is missing. The screenshots are written to
+``$BT_BENCH_SCREENSHOT_DIR`` when set (else the test's temp folder) so a person can look at them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -14,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from benchmark.leaderboard import generate
-from tests.test_leaderboard import standard_submissions
+from tests.test_leaderboard import REFERENCE_ROWS, standard_submissions
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
+WIDTH = 1400
 
 
 def _driver(profile: Path):
@@ -34,58 +37,102 @@ def _driver(profile: Path):
     opts.binary_location = CHROMIUM
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1400,1800",
+                "--disable-dev-shm-usage", f"--window-size={WIDTH},1800",
                 f"--user-data-dir={profile}"):
         opts.add_argument(arg)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
 
 
-def _names(driver) -> list[str]:
+def _names(driver, table: str, body: str = "ranked") -> list[str]:
     from selenium.webdriver.common.by import By
 
-    rows = driver.find_elements(By.CSS_SELECTOR, "table#leaderboard-tiny tbody tr")
+    rows = driver.find_elements(By.CSS_SELECTOR, f"table#{table} tbody.{body} tr")
     return [r.get_attribute("data-name") for r in rows]
 
 
-def test_page_renders_and_sorts_on_header_click(tmp_path):
+def _order(rows: list[dict], key: str, reverse: bool) -> list[str]:
+    """The order the page's sort gives: by value (stable: ties keep the ranked order), empty
+    values last."""
+    have = [r for r in rows if r[key] is not None]
+    return ([r["name"] for r in sorted(have, key=lambda r: r[key], reverse=reverse)]
+            + [r["name"] for r in rows if r[key] is None])
+
+
+def test_page_fits_sorts_and_shows_figures(tmp_path):
     from_env = os.environ.get("BT_BENCH_SCREENSHOT_DIR")
     shots = Path(from_env) if from_env else tmp_path
     subs = standard_submissions(tmp_path / "submissions")
+    (subs / "_reference").mkdir()
+    (subs / "_reference" / "paper_rows.json").write_text(json.dumps(REFERENCE_ROWS))
     out = tmp_path / "leaderboard"
     generate(subs, out)
+    data = json.loads((out / "leaderboard.json").read_text())
+    rel = data["releases"][0]
     driver = _driver(tmp_path / "profile")
     try:
         from selenium.webdriver.common.by import By
 
         driver.get((out / "index.html").resolve().as_uri())
         assert driver.title == "bt-bench leaderboard"
-        # the table and every figure rendered (an image that failed to load has naturalWidth 0)
-        assert _names(driver) == ["alpha", "beta", "delta", "gamma", "random"]
+
+        # every table fits the window: no horizontal scrolling, on the page or in a table's box,
+        # and the last column (the verdict) ends inside the viewport
+        page = driver.execute_script("var e=document.documentElement;"
+                                     "return [e.scrollWidth, e.clientWidth, window.innerWidth]")
+        assert page[2] == WIDTH and page[0] <= page[1], page
+        boxes = driver.execute_script(
+            "return Array.from(document.querySelectorAll('div.scroll')).map(function(d){"
+            "var t=d.querySelector('table');return [t.id, d.scrollWidth, d.clientWidth,"
+            "t.tHead.rows[0].lastElementChild.getBoundingClientRect().right];})")
+        assert len(boxes) == 2 + 2 * 2 + 1  # suite, two tasks, two tracks each; the paper's
+        for table_id, scroll, client, right in boxes:
+            assert scroll <= client and right <= page[1], (table_id, scroll, client, right)
+
+        # the figures load (an image that failed to load has naturalWidth 0)
         images = driver.find_elements(By.TAG_NAME, "img")
-        assert len(images) == 2
+        expected = [p for t in rel["tasks"] for tb in t["tracks"] for p in tb["figures"].values()]
+        assert sorted(i.get_attribute("src").split("/leaderboard/")[1] for i in images) == \
+            sorted(expected)
         for img in images:
             assert driver.execute_script("return arguments[0].complete && "
                                          "arguments[0].naturalWidth", img) > 100
+
         shots.mkdir(parents=True, exist_ok=True)
         shot = shots / "leaderboard.png"
         assert driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
 
-        head = driver.find_element(By.CSS_SELECTOR,
-                                   "table#leaderboard-tiny th[data-key='draw_auc']")
-        head.click()  # numeric metric: best first; gamma scores no draws and goes last
-        assert _names(driver) == ["alpha", "beta", "delta", "random", "gamma"]
+        # headers sort the ranked rows; the reference rows stay on top and at the bottom
+        table = "task-tiny-vkwjp-gradient"
+        rows = rel["tasks"][1]["tracks"][0]["rows"]
+        ranked = [r["name"] for r in rows]
+        assert _names(driver, table) == ranked
+        head = driver.find_element(By.CSS_SELECTOR, f"table#{table} th[data-key='step_precision']")
+        head.click()  # numeric metric: best first
+        assert _names(driver, table) == _order(rows, "step_precision", reverse=True)
+        assert _names(driver, table) != ranked
         assert head.get_attribute("aria-sort") == "descending"
-        head.click()  # a second click reverses; rows without a value stay last
-        assert _names(driver) == ["random", "delta", "beta", "alpha", "gamma"]
+        head.click()  # a second click reverses
+        assert _names(driver, table) == _order(rows, "step_precision", reverse=False)
         assert head.get_attribute("aria-sort") == "ascending"
-        name = driver.find_element(By.CSS_SELECTOR, "table#leaderboard-tiny th[data-key='name']")
+        assert _names(driver, table, "ref-top") == ["oracle", "provenance"]
+        assert _names(driver, table, "ref-bottom") == ["random"]
+        name = driver.find_element(By.CSS_SELECTOR, f"table#{table} th[data-key='name']")
         name.click()  # text: alphabetical first
-        assert _names(driver) == ["alpha", "beta", "delta", "gamma", "random"]
+        assert _names(driver, table) == sorted(ranked)
         name.click()
-        assert _names(driver) == ["random", "gamma", "delta", "beta", "alpha"]
-        driver.find_element(By.CSS_SELECTOR, "table#leaderboard-tiny th[data-key='rank']").click()
-        assert _names(driver) == ["alpha", "beta", "delta", "gamma", "random"]
-        driver.save_screenshot(str(shots / "leaderboard_sorted.png"))
+        assert _names(driver, table) == sorted(ranked, reverse=True)
+        driver.find_element(By.CSS_SELECTOR, f"table#{table} th[data-key='rank']").click()
+        assert _names(driver, table) == ranked
+
+        # the open track's step-level number of an entry that falls back is marked as such
+        cell = driver.find_element(
+            By.CSS_SELECTOR, "table#task-tiny-qzxbt-open tr[data-name='trigger-text'] "
+                             "td.fallback")
+        assert cell.text.endswith("\u2020") and "sketch method" in cell.get_attribute("title")
+
+        height = driver.execute_script("return document.body.scrollHeight")
+        driver.set_window_size(WIDTH, min(height + 100, 16_000))
+        driver.save_screenshot(str(shots / "leaderboard_full.png"))
     finally:
         driver.quit()

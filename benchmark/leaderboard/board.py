@@ -1,0 +1,196 @@
+"""The leaderboard's data: submissions grouped by release, track and task, ranked.
+
+:func:`leaderboard_data` returns what ``leaderboard.json`` holds; the markdown and HTML renderers
+and the figures read only that (and, for the figures, the per-seed numbers of each results file).
+
+Layout of one release: ``entries`` (one per submission: identity, colour, fallbacks), ``suite``
+(one table per track: the causal score averaged over tasks and seeds) and ``tasks`` (per task,
+one table per track). Every table has the reference rows of its release: the oracle (group
+labels) and provenance (rollout labels) above the ranked rows, the random band (and chance)
+below them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmark.leaderboard import rows as R
+from benchmark.leaderboard._common import (
+    LEADERBOARD_SCHEMA_VERSION,
+    REGENERATE,
+    TRACKS,
+    LeaderboardError,
+    finite,
+    round_floats,
+    sha,
+)
+from benchmark.leaderboard.ranking import rank_rows
+from benchmark.leaderboard.reference import REFERENCE_DIR, REFERENCE_FILE
+
+__all__ = ["RANKING", "Board", "assemble_data", "build_board", "leaderboard_data"]
+
+RANKING = ("per release, track and task (and for the suite: the mean over tasks and seeds): "
+           "highest causal score first; a row whose 95% interval overlaps the previous row's "
+           "shares its rank (tied, '='). Releases without a causal reference rank the task "
+           "tables by window precision (group label) the same way.")
+#: reference values of different submissions of one release must agree within this
+REFERENCE_TOLERANCE = 1e-6
+
+
+@dataclass
+class Board:
+    """The leaderboard's data and, for the figures, each submission's results by name."""
+
+    releases: list[dict]
+    results: dict[str, dict] = field(default_factory=dict)
+
+
+def _consensus(items: list[tuple[str, Any]], path: str, rid: str) -> Any:
+    """Merge equal values of several submissions: the first non-None wins; others must agree."""
+    present = [(n, v) for n, v in items if v is not None]
+    if not present:
+        return None
+    first_name, first = present[0]
+    if isinstance(first, dict):
+        keys = sorted({k for _, v in present if isinstance(v, dict) for k in v})
+        return {k: _consensus([(n, v.get(k) if isinstance(v, dict) else None)
+                               for n, v in present], f"{path}.{k}", rid) for k in keys}
+    for name, v in present[1:]:
+        same = (abs(v - first) <= REFERENCE_TOLERANCE if finite(v) and finite(first)
+                else v == first)
+        if not same:
+            raise LeaderboardError(
+                f"release {rid!r}: {path} differs between submissions {first_name!r} ({first!r}) "
+                f"and {name!r} ({v!r}); it does not depend on the estimator, so they were scored "
+                "with different settings or builds. Re-score the stale one with bt-bench submit "
+                "FILE --name NAME --force."
+            )
+    return first
+
+
+def _check_release(rid: str, members: list[tuple[dict, dict, dict]]) -> list[str]:
+    """Refuse mixed builds and partial task sets; return the release's tasks in order."""
+    shas = sorted({str(e["release"]["manifest_sha256"]) for e, _, _ in members})
+    if len(shas) > 1:
+        which = ", ".join(f"{e['name']} ({str(e['release']['manifest_sha256'])[:12]})"
+                          for e, _, _ in members)
+        raise LeaderboardError(
+            f"submissions scored on release {rid!r} disagree on its manifest sha256: {which}; "
+            "they were scored on different builds, so they cannot be ranked together. "
+            "Re-score the stale ones with bt-bench submit FILE --name NAME --force."
+        )
+    tasks: list[str] = []
+    for e, _, _ in members:
+        for t in e["release"]["tasks"]:
+            if t not in tasks:
+                tasks.append(t)
+    for e, _, results in members:
+        missing = [t for t in tasks if t not in results["tasks"]]
+        if missing:
+            raise LeaderboardError(
+                f"submission {e['name']!r} on release {rid!r} has no results for task(s) "
+                f"{', '.join(missing)} (release tasks: {', '.join(tasks)}); a leaderboard entry "
+                "is scored on every task. Re-score it without --tasks: bt-bench submit FILE "
+                "--name NAME --force."
+            )
+    return tasks
+
+
+def _ranked_by(rows: list[dict], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        if any((r.get(key) or {}).get("point") is not None for r in rows):
+            return key
+    return None
+
+
+def _table(track: str, rows: list[dict], keys: tuple[str, ...]) -> dict:
+    by = _ranked_by(rows, keys)
+    # without any score every row is unranked ("-") and ordered by name
+    return {"track": track, "ranked_by": by, "rows": rank_rows(rows, by or keys[0])}
+
+
+def _release(rid: str, members: list[tuple[dict, dict, dict]], colours: dict) -> dict:
+    members = sorted(members, key=lambda m: m[0]["name"])
+    tasks = _check_release(rid, members)
+    versions = sorted({str(e["release"]["version"]) for e, _, _ in members})
+    tracks = [t for t in TRACKS if any(e["track"] == t for e, _, _ in members)]
+    behaviors = {t: _consensus([(e["name"], res["tasks"][t].get("behavior"))
+                                for e, _, res in members], f"tasks.{t}.behavior", rid)
+                 for t in tasks}
+    suite_ref = _consensus([(e["name"], R.suite_reference(res, tasks)) for e, _, res in members],
+                           "suite reference rows", rid)
+    suite = {"reference": suite_ref, "tracks": []}
+    for tr in tracks:
+        rows = [R.suite_row(meta, res, tasks) for e, meta, res in members if e["track"] == tr]
+        suite["tracks"].append(_table(tr, rows, ("causal_score",)))
+    out_tasks = []
+    for t in tasks:
+        ref = _consensus([(e["name"], R.task_reference(res, t)) for e, _, res in members],
+                         f"task {t} reference rows", rid)
+        entry: dict[str, Any] = {"id": t, "behavior": behaviors[t], "reference": ref,
+                                 "tracks": []}
+        for tr in tracks:
+            rows = [R.task_row(meta, res, t) for e, meta, res in members if e["track"] == tr]
+            entry["tracks"].append(_table(tr, rows, ("causal_score", "precision")))
+        out_tasks.append(entry)
+    entries = {e["name"]: dict(e, **colours[e["name"]]) for e, _, _ in members}
+    return {"id": rid, "version": versions[0],
+            "manifest_sha256": str(members[0][0]["release"]["manifest_sha256"]),
+            "tasks": out_tasks, "suite": suite, "entries": entries}
+
+
+def build_board(submissions: list[tuple[dict, dict]]) -> Board:
+    """Group ``(meta, results)`` pairs by release id and build every ranked table.
+
+    Raises:
+        LeaderboardError: results that are not schema 2, submissions of one release id scored on
+            different builds or with different reference numbers, or with missing tasks.
+    """
+    from benchmark.leaderboard.figures import assign_colours
+
+    scored = [(R.build_entry(meta, res), meta, res) for meta, res in submissions]
+    colours = assign_colours([e for e, _, _ in scored])
+    groups: dict[str, list[tuple[dict, dict, dict]]] = {}
+    for item in scored:
+        groups.setdefault(str(item[0]["release"]["id"]), []).append(item)
+    releases = [_release(rid, groups[rid], colours) for rid in sorted(groups)]
+    return Board(releases, {e["name"]: res for e, _, res in scored})
+
+
+def leaderboard_data(submissions: list[tuple[dict, dict]],
+                     reference: list[dict] | None = None) -> dict:
+    """The complete leaderboard (what ``leaderboard.json`` holds) from ``(meta, results)`` pairs.
+
+    Args:
+        submissions: ``(submission.yaml, results.json)`` of every submission.
+        reference: the paper's reference rows, or None when the file is absent.
+    """
+    from benchmark.leaderboard.figures import figure_specs
+
+    board = build_board(submissions)
+    specs = figure_specs(board)
+    return assemble_data(board, specs, reference)
+
+
+def assemble_data(board: Board, specs: dict[str, dict], reference: list[dict] | None) -> dict:
+    """``leaderboard.json``'s content: the board, each table's figures, the figures' data hashes."""
+    from benchmark.leaderboard.figures import KINDS, figure_path
+
+    for rel in board.releases:
+        for task in rel["tasks"]:
+            for table in task["tracks"]:
+                paths = {k: figure_path(k, rel["id"], task["id"], table["track"]) for k in KINDS}
+                table["figures"] = {k: p for k, p in paths.items() if p in specs}
+    return round_floats({
+        "schema_version": LEADERBOARD_SCHEMA_VERSION,
+        "generated_by": f"{REGENERATE} (do not edit; regenerate from submissions/)",
+        "ranking": RANKING,
+        "releases": board.releases,
+        "reference": None if reference is None else {
+            "file": f"submissions/{REFERENCE_DIR}/{REFERENCE_FILE}",
+            "model": "Qwen2.5-1.5B-Instruct (the paper's runs; not ranked with the submissions)",
+            "rows": reference},
+        "figures": {path: {"what": s["what"], "data_sha256": sha(s["data"])}
+                    for path, s in sorted(specs.items())},
+    })
