@@ -68,10 +68,22 @@ def test_two_ranks_give_the_same_run_as_one_process(two_ranks, tmp_path):
     assert all(list(x) == list(y) for x, y in zip(a["response_ids"], b["response_ids"],
                                                   strict=True))
     np.testing.assert_allclose(a["fluency"], b["fluency"], rtol=0, atol=1e-6)
-    sa = np.load(one / "seed0" / "sketches.npy").astype(np.float32)
-    sb = np.load(two_ranks / "seed0" / "sketches.npy").astype(np.float32)
-    scale = np.abs(sa).max()
-    np.testing.assert_allclose(sa, sb, rtol=0, atol=1e-5 * scale)
+    # a rank computes each per-rollout gradient in a batch of another shape, so float32
+    # rounding moves it by ~1e-7 relative to the gradient's size; a sketch value is a signed
+    # sum of many such entries, so its error scales with its row's magnitude (the largest value
+    # bounds the entries), not with the value itself, which can be a small remainder of
+    # cancellation; and values are stored in float16, so one lands a float16 step away when it
+    # sits near a rounding boundary. Measured: 0.6% of values differ, by at most one float16
+    # step or 5.5e-6 of their row's largest value; the bound allows one step plus 1e-5 of it
+    sa = np.load(one / "seed0" / "sketches.npy")
+    sb = np.load(two_ranks / "seed0" / "sketches.npy")
+    assert sa.dtype == sb.dtype == np.float16
+    step = np.spacing(np.maximum(np.abs(sa), np.abs(sb))).astype(np.float32)
+    a32, b32 = sa.astype(np.float32), sb.astype(np.float32)
+    row = np.abs(a32).max(axis=1, keepdims=True)
+    diff = np.abs(a32 - b32)
+    assert np.all(diff <= step + 1e-5 * row), float((diff - step).max())
+    assert (diff > 0).mean() < 0.02
     from safetensors.torch import load_file
 
     pa = load_file(one / "seed0" / "checkpoints" / "step0006" / "model.safetensors")

@@ -57,9 +57,22 @@ def save_checkpoint(model, path: Path) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
+    _world_readable(tmp)
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
+
+
+def _world_readable(folder: Path) -> None:
+    """Give every file in ``folder`` mode 0644 and the folder 0755.
+
+    transformers writes safetensors through a 0600 temp file; a release's checkpoints must be
+    readable by the sandbox's unprivileged user, so they get the mode any user-created file has.
+    """
+    os.chmod(folder, 0o755)
+    for f in folder.iterdir():
+        if f.is_file():
+            os.chmod(f, 0o644)
 
 
 def load_checkpoint(path: Path):
@@ -169,6 +182,7 @@ class SeedBuild:
         if tmp.exists():
             shutil.rmtree(tmp)
         tok.save_pretrained(tmp)
+        _world_readable(tmp)
         if (self.dir / "tokenizer").exists():
             shutil.rmtree(self.dir / "tokenizer")
         os.replace(tmp, self.dir / "tokenizer")
