@@ -18,7 +18,7 @@ import numpy as np
 from benchmark.errors import BenchmarkError
 from benchmark.untrusted import clean_text, quote
 from benchmark.view import DrawView, RunView
-from estimators.base import TASKS, TRACKS
+from estimators.base import FALLBACK_VIEWS, TASKS, TRACKS
 
 #: longest estimator ``name`` (printable characters only)
 MAX_NAME = 64
@@ -138,7 +138,9 @@ def load_estimator_file(path: str | Path) -> LoadedEstimator:
         raise EstimatorContractError(
             f"{p}: importing the file raised {type(exc).__name__}: "
             f"{clean_text(exc, 500, multiline=False)}; an estimator file may import only "
-            "installed packages (numpy, torch, ...) and must not run work at import.",
+            "installed packages (numpy, torch, ... and the exact pins it declares: "
+            "--requirements PIN, or requirements: in submission.yaml) and must not run work "
+            "at import.",
             estimator_traceback(exc, p),
         ) from exc
     classes = [
@@ -189,6 +191,14 @@ def check_capabilities(cls: type, path: Path | str = "") -> None:
     if "draws" in tasks and not callable(getattr(cls, "score_draw", None)):
         raise EstimatorContractError(
             f"{where}{cls.__name__} declares 'draws' in tasks but has no score_draw method."
+        )
+    fb = getattr(cls, "fallbacks", ())
+    if not isinstance(fb, tuple | list) or any(v not in FALLBACK_VIEWS for v in fb) \
+            or ("draws" in fb and "draws" not in tasks):
+        raise EstimatorContractError(
+            f"{where}{cls.__name__}.fallbacks must be a tuple drawn from {FALLBACK_VIEWS} (the "
+            "views where the method falls back to a generic sketch score; 'draws' only when "
+            f"it scores draws), got {clean_text(repr(fb), 80, multiline=False)}."
         )
 
 

@@ -100,12 +100,12 @@ class Limits:
 def validate_meta(obj: object, who: str) -> dict:
     """The sandbox's declared metadata, checked field by field (never trusted as sent)."""
     from benchmark.contract import MAX_NAME, config_problem
-    from estimators.base import TASKS, TRACKS
+    from estimators.base import FALLBACK_VIEWS, TASKS, TRACKS
 
-    def bad(what: str) -> IsolationError:
-        return IsolationError(f"estimator {who}: its declared metadata was refused ({what}).")
+    def bad(what: str) -> IsolationError:  # the caller names the estimator ({who})
+        return IsolationError(f"its declared metadata was refused ({what}).")
 
-    keys = {"name", "class", "track", "tasks", "config", "has_score_draw"}
+    keys = {"name", "class", "track", "tasks", "fallbacks", "config", "has_score_draw"}
     if not isinstance(obj, dict) or set(obj) != keys:
         raise bad("not the expected fields")
     name, cls, track, tasks = obj["name"], obj["class"], obj["track"], obj["tasks"]
@@ -123,10 +123,14 @@ def validate_meta(obj: object, who: str) -> dict:
     if not isinstance(obj["has_score_draw"], bool) or ("draws" in tasks
                                                        and not obj["has_score_draw"]):
         raise bad("'draws' declared without score_draw")
+    fb = obj["fallbacks"]
+    if not isinstance(fb, list) or len(set(map(str, fb))) != len(fb) \
+            or any(v not in FALLBACK_VIEWS for v in fb):
+        raise bad(f"fallbacks {clean_text(ascii(fb), 80, multiline=False)}")
     problem = config_problem(obj["config"])
     if problem:
         raise bad(f"config: {problem}")
-    return {k: obj[k] for k in ("name", "class", "track", "tasks", "config")}
+    return {k: obj[k] for k in ("name", "class", "track", "tasks", "fallbacks", "config")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,6 +276,7 @@ class _Workspace:
             data += [os.path.realpath(f) for d in dirs for f in Path(d).rglob("*")
                      if f.is_symlink() and f.is_file()]
         data += in_place
+        _require_world_readable(data)
         extra = [str(Path(p).absolute()) for p in extra_read_only]
         # (host source, path inside)
         binds = [(p, p) for p in [*py_paths, *pkgs, *data, *extra]]
@@ -334,6 +339,25 @@ def _normalise(binds: list[tuple[str, str]]) -> list[tuple[str, str]]:
         if not covered:
             out.append((src, dst))
     return out
+
+
+def _require_world_readable(paths: list[str]) -> None:
+    """Refuse release files the sandbox's unprivileged user could not read.
+
+    The child runs as ``nobody`` without capabilities, so a 0600 checkpoint would surface inside
+    as a confusing "No such file or directory" from the estimator; say so up front instead.
+    """
+    bad = []
+    for p in map(Path, paths):
+        for f in [p, *(p.rglob("*") if p.is_dir() else [])]:
+            need = 0o005 if f.is_dir() else 0o004
+            if f.exists() and (f.stat().st_mode & need) != need:
+                bad.append(str(f))
+    if bad:
+        raise IsolationError(
+            f"release files not readable by the sandbox's unprivileged user: {bad[:5]}"
+            f"{' ...' if len(bad) > 5 else ''}; expected world-readable files (mode 0644) and "
+            "folders (0755). Fix: chmod -R a+rX on the release folder.")
 
 
 def _refuse_label_exposure(read: list[str], forbidden: list[Path], data: list[str]) -> None:

@@ -36,7 +36,9 @@ def load_and_describe(path: str) -> tuple[object, dict]:
     loaded = load_estimator_file(path)
     check_capabilities(loaded.cls, loaded.path)
     meta = {"name": loaded.name, "class": loaded.cls.__name__, "track": loaded.cls.track,
-            "tasks": list(loaded.cls.tasks), "config": get_params(loaded.instantiate()),
+            "tasks": list(loaded.cls.tasks),
+            "fallbacks": list(getattr(loaded.cls, "fallbacks", ())),
+            "config": get_params(loaded.instantiate()),
             "has_score_draw": callable(getattr(loaded.cls, "score_draw", None))}
     return loaded, meta
 

@@ -90,16 +90,17 @@ def cosine(rows: np.ndarray, target: np.ndarray, eps: float = 1e-12) -> np.ndarr
     return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
 
 
-def sketch_cosine(view: RunView | DrawView, target: np.ndarray, eps: float = 1e-12
-                  ) -> np.ndarray:
+def sketch_cosine(view: RunView | DrawView, target: np.ndarray, eps: float = 1e-12,
+                  precision: str = "float64") -> np.ndarray:
     """Cosine of every unit's sketch with ``target`` ``(d,)``, streamed (memory stays flat).
 
-    The same numbers as ``cosine(view.sketches, target)`` without materializing the matrix; 0 for
-    all-zero sketches.
+    The same numbers as ``cosine(view.sketches, target)`` from one pass over the sketches,
+    without materializing the matrix; 0 for all-zero sketches. ``precision="float32"`` is faster
+    at paper scale but rounds in a CPU-dependent way (see ``benchmark.view.SketchRows``).
     """
     t = np.asarray(target, dtype=np.float64)
-    dots = view.sketch_dot(t)
-    norms = view.sketch_norms() * np.linalg.norm(t)
+    dots, norms = view.sketch_dot_norms(t, precision=precision)
+    norms = norms * np.linalg.norm(t)
     return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
 
 

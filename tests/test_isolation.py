@@ -139,7 +139,7 @@ FORGED_META = (
     "_fd = json.loads(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[-2])['channel']\n"
     "_d = json.dumps({'type': 'meta', 'meta': {'name': '\\x1b]0;owned\\x07PASS', 'class': "
     "'Hostile', 'track': 'gradient', 'tasks': ['rollouts'], 'config': {}, "
-    "'has_score_draw': False}}).encode()\n"
+    "'has_score_draw': False, 'fallbacks': []}}).encode()\n"
     "os.write(_fd, b'J' + len(_d).to_bytes(4, 'little') + _d)\ntime.sleep(30)")
 
 
@@ -654,6 +654,21 @@ def test_results_are_byte_identical_to_the_unsandboxed_run(micro_release, tmp_pa
                                        "landlock", "memory", "processes", "time", "output",
                                        "results"}
     assert runs[""]["estimator"]["contract_checks"][-1].startswith("score_draw on draw")
+
+
+@needs_bwrap
+def test_a_release_file_the_sandbox_cannot_read_is_named(micro_release, tmp_path, capsys):
+    """A 0600 checkpoint (transformers writes safetensors that way) is refused up front with
+    the file and the fix, not left to surface inside as "No such file or directory"."""
+    import shutil
+
+    rel = tmp_path / "release"
+    shutil.copytree(micro_release, rel)
+    private = checkpoint_file(rel)
+    os.chmod(private, 0o600)
+    est = REPO / "estimators" / "examples" / "my_estimator.py"
+    err, _ = run(tmp_path, rel, est, capsys=capsys)
+    assert str(private) in err and "chmod -R a+rX" in err
 
 
 @pytest.mark.parametrize("isolated", [True, False])
