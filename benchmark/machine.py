@@ -33,6 +33,11 @@ def _cpuinfo() -> dict[str, str]:
     return out
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
 def fingerprint() -> dict:
     """This machine: CPU model, vendor, kernel-relevant flags, torch's ISA level, versions.
 
@@ -54,7 +59,7 @@ def fingerprint() -> dict:
     except ImportError:  # pragma: no cover
         tf = None
     fp = {
-        "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "vendor": info.get("vendor_id"),
         "family": info.get("cpu family"),
         "model": info.get("model"),

@@ -36,7 +36,12 @@ from typing import Literal
 import numpy as np
 
 Granularity = Literal["rollout", "step"]
-DEFAULT_CHUNK = 4096
+DEFAULT_CHUNK: int | None = None  # units per block: None sizes blocks by CHUNK_BYTES
+#: float32 bytes of one block of converted sketches (it stays in the CPU caches)
+CHUNK_BYTES = 8 << 20
+#: resident file pages are released after every this many bytes of a pass
+RELEASE_BYTES = 64 << 20
+PRECISIONS = ("float64", "float32")
 
 
 def _readonly(a: np.ndarray | None) -> np.ndarray | None:
@@ -50,13 +55,19 @@ def _readonly(a: np.ndarray | None) -> np.ndarray | None:
 
 
 class SketchRows:
-    """Read-only, chunked access to the float32 sketches of a sequence of units.
+    """Read-only, streamed access to the sketches of a sequence of units.
 
     Backed by a stored ``(m, d)`` array (a memory map of a release file, float16 or float32
     scaled by ``scale``) and, per rollout, the row it is stored in (``-1``: an all-zero gradient,
     not stored). With ``segments`` (``(n + 1,)`` offsets into the rollouts) a unit is the sum of
-    a contiguous run of rollouts (the step view). Chunks are read, converted and then released
-    from the process's resident memory, so streaming a file of any size keeps memory flat.
+    a contiguous run of rollouts (the step view). A pass reads blocks of whole units of about
+    :data:`CHUNK_BYTES`, converts them with torch into one reused buffer and releases the file's
+    pages from resident memory as it goes, so memory stays flat whatever the file's size.
+
+    ``precision`` of the reductions: ``"float64"`` (default) accumulates every dot product and
+    norm in float64, so results agree across machines to about 1e-16 and never reorder a
+    ranking; ``"float32"`` is about twice as fast at paper scale (vectorized float32 kernels) but
+    its rounding (about 1e-6 relative) depends on the CPU.
 
     Args:
         stored: ``(m, d)`` stored values (usually ``np.load(path, mmap_mode="r")``).
@@ -72,6 +83,7 @@ class SketchRows:
         self.scale = float(scale)
         self.segments = None if segments is None else _readonly(np.asarray(segments, np.int64))
         self.dim = int(stored.shape[1])
+        self._plan_cache = None
 
     @property
     def n(self) -> int:
@@ -94,40 +106,90 @@ class SketchRows:
         except (AttributeError, OSError, ValueError):  # pragma: no cover - platform without it
             pass
 
-    def _rollout_block(self, lo: int, hi: int) -> np.ndarray:
-        r = self.rows[lo:hi]
-        out = np.zeros((hi - lo, self.dim), np.float32)
-        ok = r >= 0
-        if ok.any():
-            sel = r[ok]
-            first, last = int(sel.min()), int(sel.max()) + 1
-            if np.all(np.diff(sel) == 1):  # stored rows are in rollout order: one slice
-                out[ok] = np.asarray(self.stored[first:last], np.float32)
-            else:
-                out[ok] = np.asarray(self.stored[sel], np.float32)
-            if self.scale != 1.0:
-                out[ok] /= np.float32(self.scale)
-            self._release(first, last)
+    def _plan(self):
+        """Stored rows in rollout order: positions, rows, cumulative counts, units per row."""
+        if self._plan_cache is None:
+            ok = self.rows >= 0
+            pos = np.flatnonzero(ok)
+            srt = self.rows[pos]
+            cum = np.concatenate([[0], np.cumsum(ok)])
+            seg = (self.segments if self.segments is not None
+                   else np.arange(self.rows.size + 1, dtype=np.int64))
+            unit_of = np.repeat(np.arange(seg.size - 1), np.diff(seg))[pos]
+            increasing = bool(np.all(np.diff(srt) > 0))
+            self._plan_cache = (pos, srt, cum, seg, unit_of, increasing)
+        return self._plan_cache
+
+    def _blocks(self, precision: str = "float64", chunk: int | None = None):
+        """Yield ``(lo, hi, p, q, x)``: units ``lo:hi`` and their stored rows as torch ``x``.
+
+        ``x`` is ``(q - p, d)`` in ``precision`` (true values, scale applied), rows of the
+        rollouts ``pos[p:q]`` of the plan; one buffer is reused between blocks.
+        """
+        import torch
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}; choose one of {PRECISIONS}")
+        pos, srt, cum, seg, unit_of, increasing = self._plan()
+        n_units = seg.size - 1
+        if self.stored.shape[0] == 0 or n_units == 0:
+            return
+        widest = int(np.diff(seg).max()) if n_units else 1
+        per = max(1, CHUNK_BYTES // (4 * self.dim))
+        upc = chunk or max(1, per // max(1, widest))
+        dt = torch.float64 if precision == "float64" else torch.float32
+        import warnings
+
+        with warnings.catch_warnings():  # a read-only memory map: torch never writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            stored = torch.from_numpy(np.asarray(self.stored))
+        buf = torch.empty((max(per, upc * widest), self.dim), dtype=dt)
+        inv = 1.0 / self.scale
+        released = 0
+        try:
+            for lo in range(0, n_units, upc):
+                hi = min(lo + upc, n_units)
+                p, q = int(cum[seg[lo]]), int(cum[seg[hi]])
+                if p == q:
+                    yield lo, hi, p, p, buf[:0]
+                    continue
+                sel = srt[p:q]
+                first, last = int(sel[0]), int(sel[-1]) + 1
+                if buf.shape[0] < q - p:
+                    buf = torch.empty((q - p, self.dim), dtype=dt)
+                x = buf[:q - p]
+                if increasing and last - first == q - p:
+                    x.copy_(stored[first:last])
+                else:
+                    x.copy_(stored[torch.from_numpy(sel)])
+                if inv != 1.0:
+                    x.mul_(inv)
+                yield lo, hi, p, q, x
+                if increasing and (last - released) * self.stored.strides[0] >= RELEASE_BYTES:
+                    self._release(released, last)
+                    released = last
+        finally:
+            self._release(0, self.stored.shape[0])
+
+    def _units(self, lo: int, hi: int, p: int, q: int, x):
+        """The ``(hi - lo, d)`` unit sketches of a block (sums of their rollouts' rows)."""
+        import torch
+
+        if self.segments is None and q - p == hi - lo:
+            return x
+        _, _, _, _, unit_of, _ = self._plan()
+        out = torch.zeros((hi - lo, self.dim), dtype=x.dtype)
+        if q > p:
+            out.index_add_(0, torch.from_numpy(unit_of[p:q] - lo), x)
         return out
 
-    def iter(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(start, block)``: float32 ``(b, d)`` sketches of units ``start:start + b``."""
-        chunk = max(int(chunk), 1)
-        if self.segments is None:
-            for lo in range(0, self.n, chunk):
-                yield lo, self._rollout_block(lo, min(lo + chunk, self.n))
-            return
-        seg = self.segments
-        for lo in range(0, self.n, chunk):
-            hi = min(lo + chunk, self.n)
-            a, b = int(seg[lo]), int(seg[hi])
-            block = self._rollout_block(a, b).astype(np.float64)
-            starts = seg[lo:hi] - a
-            sums = np.zeros((hi - lo, self.dim), np.float64)
-            nonempty = seg[lo + 1:hi + 1] > seg[lo:hi]
-            if block.shape[0]:
-                sums[nonempty] = np.add.reduceat(block, starts[nonempty], axis=0)
-            yield lo, sums.astype(np.float32)
+    def iter(self, chunk: int | None = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start, block)``: float32 ``(b, d)`` sketches of units ``start:start + b``.
+
+        ``chunk`` is the number of units per block (default: blocks of about CHUNK_BYTES).
+        """
+        for lo, hi, p, q, x in self._blocks("float32", chunk):
+            yield lo, self._units(lo, hi, p, q, x).numpy().copy()
 
     def dense(self) -> np.ndarray:
         """The whole ``(n, d)`` float32 matrix (memory grows with the run)."""
@@ -135,30 +197,6 @@ class SketchRows:
         for lo, block in self.iter():
             out[lo:lo + block.shape[0]] = block
         return out
-
-    def iter_stored(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield ``(rollouts, block)``: the stored (non-zero) rollout sketches only, in chunks.
-
-        ``rollouts`` are the rollout positions of the rows of the float32 ``block``; rollouts
-        without a stored row have an all-zero sketch. Cheaper than :meth:`iter` when most
-        gradients are zero (every rollout of a group with equal rewards).
-        """
-        idx = np.flatnonzero(self.rows >= 0)
-        srt = self.rows[idx]
-        if np.any(np.diff(srt) < 0):
-            order = np.argsort(srt, kind="stable")
-            idx, srt = idx[order], srt[order]
-        for a in range(0, idx.size, max(int(chunk), 1)):
-            sel = srt[a:a + chunk]
-            first, last = int(sel[0]), int(sel[-1]) + 1
-            if last - first == sel.size:
-                block = np.asarray(self.stored[first:last], np.float32)
-            else:
-                block = np.asarray(self.stored[sel], np.float32)
-            if self.scale != 1.0:
-                block /= np.float32(self.scale)
-            self._release(first, last)
-            yield idx[a:a + chunk], block
 
     def _per_rollout_to_units(self, per: np.ndarray) -> np.ndarray:
         if self.segments is None:
@@ -169,37 +207,68 @@ class SketchRows:
             out[nonempty] = np.add.reduceat(per, self.segments[:-1][nonempty], axis=0)
         return out
 
-    def dot(self, t: np.ndarray, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
-        """``sketches @ t`` in float64, ``(n,)`` for ``t`` ``(d,)`` or ``(n, m)`` for ``(d, m)``.
+    def dot_norms(self, t: np.ndarray | None, want_norms: bool = True,
+                  precision: str = "float64") -> tuple[np.ndarray | None, np.ndarray | None]:
+        """One pass: ``sketches @ t`` (``(n,)``, or ``(n, m)`` for ``t`` ``(d, m)``) and norms.
 
-        Linear, so a step's value is the sum of its rollouts' (computed from stored rows only).
+        Linear, so a unit's dot is the sum of its rollouts' (computed from stored rows only);
+        a unit's norm is that of the sum of its rollouts' sketches. Float64 results.
         """
-        t = np.asarray(t, np.float64)
-        per = np.zeros((self.rows.size,) + t.shape[1:])
-        for idx, block in self.iter_stored(chunk):
-            per[idx] = block.astype(np.float64) @ t
-        return self._per_rollout_to_units(per)
+        import torch
 
-    def norms(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+        pos, _, _, _, _, _ = self._plan()
+        dt = torch.float64 if precision == "float64" else torch.float32
+        tt = None
+        per = None
+        if t is not None:
+            ta = np.asarray(t, np.float64)
+            tt = torch.from_numpy(ta).to(dt)
+            per = np.zeros((self.rows.size,) + ta.shape[1:])
+        norms = np.zeros(self.n) if want_norms else None
+        for lo, hi, p, q, x in self._blocks(precision):
+            if q == p:
+                continue
+            if tt is not None:
+                per[pos[p:q]] = (x @ tt).double().numpy()
+            if want_norms:
+                units = self._units(lo, hi, p, q, x)
+                norms[lo:hi] = torch.linalg.vector_norm(units, dim=1).double().numpy()
+        dots = None if per is None else self._per_rollout_to_units(per)
+        return dots, norms
+
+    def iter_stored(self, chunk: int | None = DEFAULT_CHUNK
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(rollouts, block)``: the stored (non-zero) rollout sketches only, in chunks.
+
+        ``rollouts`` are the rollout positions of the rows of the float32 ``block``; rollouts
+        without a stored row have an all-zero sketch.
+        """
+        pos, _, _, _, _, _ = self._plan()
+        plain = SketchRows(self.stored, self.rows, self.scale)
+        for _, _, p, q, x in plain._blocks("float32", chunk):
+            if q > p:
+                yield pos[p:q], x.numpy().copy()
+
+    def dot(self, t: np.ndarray, chunk: int | None = None,
+            precision: str = "float64") -> np.ndarray:
+        """``sketches @ t``: ``(n,)`` for ``t`` ``(d,)``, ``(n, m)`` for ``(d, m)`` (float64)."""
+        return self.dot_norms(t, want_norms=False, precision=precision)[0]
+
+    def norms(self, chunk: int | None = None, precision: str = "float64") -> np.ndarray:
         """``(n,)`` float64 L2 norm of every unit's sketch."""
-        out = np.zeros(self.n)
-        if self.segments is None:
-            for idx, block in self.iter_stored(chunk):
-                out[idx] = np.linalg.norm(block.astype(np.float64), axis=1)
-            return out
-        for lo, block in self.iter(chunk):
-            out[lo:lo + block.shape[0]] = np.linalg.norm(block.astype(np.float64), axis=1)
-        return out
+        return self.dot_norms(None, want_norms=True, precision=precision)[1]
 
-    def gram(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
+    def gram(self, chunk: int | None = None, precision: str = "float64") -> np.ndarray:
         """``(d, d)`` float64 ``sketches.T @ sketches`` (TRAK-style estimators)."""
-        out = np.zeros((self.dim, self.dim))
-        blocks = ((b for _, b in self.iter_stored(chunk)) if self.segments is None
-                  else (b for _, b in self.iter(chunk)))
-        for block in blocks:
-            b = block.astype(np.float64)
-            out += b.T @ b
-        return out
+        import torch
+
+        dt = torch.float64 if precision == "float64" else torch.float32
+        out = torch.zeros((self.dim, self.dim), dtype=dt)
+        for lo, hi, p, q, x in self._blocks(precision):
+            if q > p:
+                u = self._units(lo, hi, p, q, x)
+                out.addmm_(u.T, u)
+        return out.double().numpy()
 
 
 @dataclass(frozen=True)
@@ -268,8 +337,45 @@ class SketchSpec:
         return CountSketch(self.n_params, self.dim, self.seed).sketch(flat).numpy()
 
 
+class _SketchAccess:
+    """The sketch reads of a view with a ``sketch_rows`` field (:class:`SketchRows`).
+
+    Reductions stream the rows in blocks and accumulate in float64 by default (rankings that
+    do not depend on the machine's summation order); ``precision="float32"`` is faster.
+    """
+
+    sketch_rows: SketchRows
+
+    @cached_property
+    def sketches(self) -> np.ndarray:
+        """``(n, d)`` float32 sketches, materialized once (use :meth:`iter_sketches` to stream)."""
+        return _readonly(self.sketch_rows.dense())
+
+    def iter_sketches(self, chunk: int | None = DEFAULT_CHUNK
+                      ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(start, block)``: float32 ``(b, d)`` sketches of units ``start:start + b``."""
+        return self.sketch_rows.iter(chunk)
+
+    def sketch_dot(self, t: np.ndarray, precision: str = "float64") -> np.ndarray:
+        """Streamed ``(n,)`` ``sketches @ t`` (float64 results; see :class:`SketchRows`)."""
+        return self.sketch_rows.dot(t, precision=precision)
+
+    def sketch_norms(self, precision: str = "float64") -> np.ndarray:
+        """Streamed ``(n,)`` L2 norms of the sketches."""
+        return self.sketch_rows.norms(precision=precision)
+
+    def sketch_dot_norms(self, t: np.ndarray, precision: str = "float64"
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """``(sketches @ t, norms)`` in one streamed pass."""
+        return self.sketch_rows.dot_norms(t, True, precision)
+
+    def sketch_gram(self, precision: str = "float64") -> np.ndarray:
+        """Streamed ``(d, d)`` ``sketches.T @ sketches``."""
+        return self.sketch_rows.gram(precision=precision)
+
+
 @dataclass(frozen=True)
-class RunView:
+class RunView(_SketchAccess):
     """One seed's training run for one task, as units (rollouts or steps). Read-only.
 
     Attributes:
@@ -343,26 +449,6 @@ class RunView:
         """Number of units."""
         return int(self.steps.shape[0])
 
-    @cached_property
-    def sketches(self) -> np.ndarray:
-        """``(n, d)`` float32 sketches, materialized once (use :meth:`iter_sketches` to stream)."""
-        return _readonly(self.sketch_rows.dense())
-
-    def iter_sketches(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(start, block)``: float32 ``(b, d)`` sketches of units ``start:start + b``."""
-        return self.sketch_rows.iter(chunk)
-
-    def sketch_dot(self, t: np.ndarray, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
-        """Streaming ``sketches @ t`` (float64)."""
-        return self.sketch_rows.dot(t, chunk)
-
-    def sketch_norms(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
-        """Streaming ``(n,)`` L2 norms of the sketches."""
-        return self.sketch_rows.norms(chunk)
-
-    def sketch_gram(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
-        """Streaming ``(d, d)`` ``sketches.T @ sketches``."""
-        return self.sketch_rows.gram(chunk)
 
     def target(self, kind: str = "nll", step: int | None = None) -> np.ndarray:
         """The ``(d,)`` target of ``kind`` (``nll``, ``in_context``, ``contrast``) at a checkpoint.
@@ -384,7 +470,7 @@ class RunView:
 
 
 @dataclass(frozen=True)
-class DrawView:
+class DrawView(_SketchAccess):
     """One generation draw of a task: fresh samples at a checkpoint, in groups of G per prompt.
 
     Attributes:
@@ -418,19 +504,3 @@ class DrawView:
         """Number of responses."""
         return int(self.groups.shape[0])
 
-    @cached_property
-    def sketches(self) -> np.ndarray:
-        """``(m, d)`` float32 sketches, materialized once."""
-        return _readonly(self.sketch_rows.dense())
-
-    def iter_sketches(self, chunk: int = DEFAULT_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(start, block)`` float32 sketch chunks."""
-        return self.sketch_rows.iter(chunk)
-
-    def sketch_dot(self, t: np.ndarray, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
-        """Streaming ``sketches @ t`` (float64)."""
-        return self.sketch_rows.dot(t, chunk)
-
-    def sketch_norms(self, chunk: int = DEFAULT_CHUNK) -> np.ndarray:
-        """Streaming ``(m,)`` L2 norms of the sketches."""
-        return self.sketch_rows.norms(chunk)

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmark.machine import cpu_name
 from benchmark.sketch import CountSketch
 
 # Qwen/Qwen2.5-1.5B-Instruct's config.json (the qwen2.5-1.5b release's model): 1,543,714,304
@@ -125,15 +125,6 @@ def _throughput(pg, cs: CountSketch, ids, mask, coef, chunk: int, best, repeats:
             "ratio_sketch_to_copy": round(t_copy / t_sketch, 3)}
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 class Report:
     """The JSON report, rewritten after every phase."""
@@ -207,7 +198,7 @@ def _run(args: argparse.Namespace) -> dict:
 
     info = {
         "smoke": small, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if is_cuda else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if is_cuda else cpu_name(),
         "device_memory_gib": (round(torch.cuda.get_device_properties(device).total_memory / 2**30,
                                     1) if is_cuda else None),
         "torch": torch.__version__, "transformers": transformers.__version__,

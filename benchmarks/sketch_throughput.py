@@ -24,11 +24,11 @@ Each time is the minimum over ``--repeats`` runs after one warm-up. Timings, not
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 
 import torch
 
+from benchmark.machine import cpu_name
 from benchmark.sketch import CountSketch, numba_available
 
 BATCH = 32
@@ -43,16 +43,6 @@ def _best(fn, repeats: int) -> float:
         best = min(best, time.perf_counter() - t0)
     return best
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _tiny_model():
@@ -167,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         nb = f"numba {numba.__version__}" + ("" if numba_available() else " (kernels unavailable)")
     except ImportError:
         nb = "numba not installed: compiled rows skipped (pip install 'bt-bench[fast]')"
-    print(f"{_cpu_name()}, {args.threads} thread(s) for copy and sketch "
+    print(f"{cpu_name()}, {args.threads} thread(s) for copy and sketch "
           f"(torch {torch.__version__}, {nb})")
     tiny = _tiny_model()
     g = torch.Generator().manual_seed(0)
