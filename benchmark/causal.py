@@ -333,36 +333,25 @@ def mean_over_seeds(points: list[float], samples: list[np.ndarray],
 # the evaluator's entry point
 
 
-def causal_results(release, scores: dict, estimator: str,
-                   controls: tuple[str, ...] = DEFAULT_CONTROLS,
-                   settings: CausalSettings = CausalSettings(), workers: int = 2,
-                   progress: bool = False) -> tuple[dict, dict]:
-    """Causal scores of every method in ``scores`` on every (seed, task) given.
+def plan_replays(release, scores: dict):
+    """The removal sets of every method and the replays they need.
 
     Args:
-        release: a ``benchmark.release.Release``.
-        scores: ``{(seed, task): {method: (n_rollouts,) rollout scores}}`` in rollout order.
-        estimator: the method whose item-10 verdict is given.
-        controls: the controls it must beat.
-        settings: bootstrap settings.
-        workers: replay processes at once.
-        progress: show a progress bar for the replays.
+        release, scores: as in :func:`causal_results`.
 
     Returns:
-        ``(results, timing)``: ``{"tasks": {task: {"per_seed": {seed: block}, "scores":
-        {method: interval}, "random_band", "verdict"}}, "replay": {...}}`` (or ``{"verdict":
-        "not_run", "reason"}`` when the release ships no causal reference), and how many replays
-        ran here and how long they took (not part of results: it depends on the cache).
+        ``(refs, plan, jobs)``: ``{(seed, task): TaskReference}``, ``{(seed, task, method):
+        [positions per k]}`` and the :class:`~benchmark.replays.Job` list of the sets not
+        shipped; or a string saying why there is no causal score (no reference shipped).
     """
-    from benchmark.replays import Job, ReplayStore, run_jobs
+    from benchmark.replays import Job
 
     raws = {s: load_reference(release.path, s) for s in sorted({s for s, _ in scores})}
     missing = [s for s, r in raws.items() if r is None or r.get("schema") != CAUSAL_SCHEMA]
     if missing:
-        return {"verdict": NOT_RUN, "reason": f"release {release.release_id} ships no causal "
-                f"reference ({CAUSAL_FILE}, schema {CAUSAL_SCHEMA}) for seeds {missing}"}, {}
+        return (f"release {release.release_id} ships no causal reference ({CAUSAL_FILE}, "
+                f"schema {CAUSAL_SCHEMA}) for seeds {missing}")
     refs = {(s, t): task_reference(raws[s], t) for s, t in scores}
-    store = ReplayStore(release.path, release.manifest_sha256)
     plan, jobs = {}, []
     for (s, t), by_name in scores.items():
         ref = refs[(s, t)]
@@ -377,7 +366,50 @@ def causal_results(release, scores: dict, estimator: str,
             plan[(s, t, name)] = sets
             jobs += [Job(s, t, pos, ref.window_end, ref.n_per_step) for pos in sets
                      if pos and pos not in shipped]
-    timing = run_jobs(store, release.manifest_sha256, jobs, workers, progress)
+    return refs, plan, jobs
+
+
+def replays_pending(release, scores: dict) -> bool:
+    """Whether :func:`causal_results` on ``scores`` would replay anything on this machine."""
+    from benchmark.replays import ReplayStore
+
+    planned = plan_replays(release, scores)
+    if isinstance(planned, str):
+        return False
+    store = ReplayStore(release.path, release.manifest_sha256)
+    return any(not store.has(j) for j in planned[2])
+
+
+def causal_results(release, scores: dict, estimator: str,
+                   controls: tuple[str, ...] = DEFAULT_CONTROLS,
+                   settings: CausalSettings = CausalSettings(), workers: int = 2,
+                   progress: bool = False, pool=None) -> tuple[dict, dict]:
+    """Causal scores of every method in ``scores`` on every (seed, task) given.
+
+    Args:
+        release: a ``benchmark.release.Release``.
+        scores: ``{(seed, task): {method: (n_rollouts,) rollout scores}}`` in rollout order.
+        estimator: the method whose item-10 verdict is given.
+        controls: the controls it must beat.
+        settings: bootstrap settings.
+        workers: replay processes at once.
+        progress: show a progress bar for the replays.
+        pool: pre-started replay workers (``benchmark.replays.WorkerPool``) to use first.
+
+    Returns:
+        ``(results, timing)``: ``{"tasks": {task: {"per_seed": {seed: block}, "scores":
+        {method: interval}, "random_band", "verdict"}}, "replay": {...}}`` (or ``{"verdict":
+        "not_run", "reason"}`` when the release ships no causal reference), and how many replays
+        ran here and how long they took (not part of results: it depends on the cache).
+    """
+    from benchmark.replays import Job, ReplayStore, run_jobs
+
+    planned = plan_replays(release, scores)
+    if isinstance(planned, str):
+        return {"verdict": NOT_RUN, "reason": planned}, {}
+    refs, plan, jobs = planned
+    store = ReplayStore(release.path, release.manifest_sha256)
+    timing = run_jobs(store, release.manifest_sha256, jobs, workers, progress, pool)
     bases: dict[int, dict] = {}
     curves: dict[tuple, dict] = {}
     for (s, t, name), sets in plan.items():

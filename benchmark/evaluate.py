@@ -415,6 +415,7 @@ def evaluate(
     progress: bool = True,
     isolation: Limits | None = DEFAULT_LIMITS,
     env=None,
+    timings: dict | None = None,
 ) -> dict:
     """Score one estimator file on a release; return the results as a plain dict.
 
@@ -428,6 +429,8 @@ def evaluate(
             e.g. while debugging an estimator).
         env: a per-submission environment (:mod:`benchmark.requirements`) whose interpreter
             runs the estimator, or None for bt-bench's own.
+        timings: a dict to fill with the wall time of each phase in seconds (not part of the
+            results, which must not depend on the machine's speed).
 
     Returns:
         The results dict (``docs/evaluation.md``); write it with :func:`write_results`.
@@ -436,8 +439,6 @@ def evaluate(
         EstimatorContractError: the file breaks the contract (raised before any scoring).
         ReleaseError: the release is missing or fails its checksums.
     """
-    from tqdm import tqdm
-
     from benchmark.release import load_release
 
     settings = settings or EvalSettings()
@@ -453,16 +454,66 @@ def evaluate(
     if bad:
         raise BenchmarkError(f"tasks {bad} are not in release {rel.release_id} (available: "
                              f"{rel.tasks}); drop them from --tasks.")
+    pools: list = []
+    try:
+        return _evaluate(estimator_file, rel, seeds, tasks, settings, progress, isolation, env,
+                         timings, pools)
+    finally:
+        for pool in pools:
+            pool.close()
+
+
+def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalSettings):
+    """Replay workers that warm up while the controls and metrics run.
+
+    None when the estimator's removal sets need no replay here (no causal scores, or all stored).
+    """
+    if not settings.causal:
+        return None
+    from benchmark.causal import replays_pending
+
+    if not replays_pending(rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}):
+        return None
+    from benchmark.replays import ReplayStore, WorkerPool
+
+    return WorkerPool(ReplayStore(rel.path, rel.manifest_sha256), rel.manifest_sha256, seeds)
+
+
+def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
+              settings: EvalSettings, progress: bool, isolation: Limits | None, env,
+              timings: dict | None, pools: list) -> dict:
+    """:func:`evaluate` once its arguments are checked.
+
+    A replay pool it starts goes into ``pools``; the caller closes it.
+    """
+    import time
+
+    from tqdm import tqdm
+
+    clock = {"t": time.perf_counter()}
+    timings = {} if timings is None else timings
+
+    def lap(phase: str) -> None:
+        now = time.perf_counter()
+        timings[phase] = timings.get(phase, 0.0) + now - clock["t"]
+        clock["t"] = now
+
     bar = tqdm(total=len(seeds) * len(tasks) + 3, desc="evaluate", disable=not progress,
                leave=False)
     meta, loaded = _inspect(estimator_file, isolation, env)
     est, track = meta["name"], meta["track"]
     _check_name(est, meta["sha256"], estimator_file)
+    lap("inspect (sandbox)")
     datas = {s: load_seed(rel, s, track, tasks) for s in seeds}
     bar.update(1)
+    lap("load views")
     est_raw, info = _score_estimator(estimator_file, rel, seeds, datas, meta, loaded,
                                      isolation, env)
     bar.update(1)
+    lap("score estimator (sandbox, determinism re-run)")
+    pool = _replay_pool(rel, seeds, est_raw, est, settings)
+    if pool is not None:
+        pools.append(pool)
     # a control evaluated as the estimator keeps its control entry too: the same code gives the
     # same scores, so it is compared with itself (a difference of exactly 0, never a pass)
     methods = [Method(est, None, tuple(meta["tasks"]), False), *load_controls(track)]
@@ -476,7 +527,9 @@ def evaluate(
                       for m in methods if m.is_control}
             if est not in scores:
                 scores[est] = _expand(est_raw[(s, t)], td)
+            lap("score controls")
             block, verdicts, pooled = _seed_task(td, scores, est, methods, settings)
+            lap("metrics and checklist")
             per_task[t]["seeds"][str(s)] = block
             for i, v in verdicts.items():
                 per_task[t]["verdicts"][i].update(v)
@@ -484,9 +537,10 @@ def evaluate(
                 per_task[t]["pooled"][s] = pooled
             causal_in[(s, t)] = {m.name: scores[m.name]["rollout"] for m in methods}
             bar.update(1)
-    causal = _causal(rel, causal_in, est, settings, progress)
+    causal = _causal(rel, causal_in, est, settings, progress, timings, pool)
     bar.update(1)
     bar.close()
+    lap("causal scores (replays)")
     out_tasks = {}
     for t in tasks:
         spec = rel.seed(seeds[0]).behavior(t)
@@ -571,16 +625,20 @@ def _suite(tasks: dict, causal: dict, est: str) -> dict:
     return out
 
 
-def _causal(rel: object, scores: dict, est: str, settings: EvalSettings,
-            progress: bool) -> dict:
+def _causal(rel: object, scores: dict, est: str, settings: EvalSettings, progress: bool,
+            timings: dict, pool=None) -> dict:
     """The causal scores (:mod:`benchmark.causal`), or why they did not run."""
     if not settings.causal:
         return {"verdict": C.NOT_RUN, "reason": "skipped (--no-causal)"}
     from benchmark.causal import CausalSettings, causal_results
 
-    res, _timing = causal_results(
+    res, timing = causal_results(
         rel, scores, est, settings=CausalSettings(settings.n_boot_causal, settings.level,
-                                                  settings.boot_seed), progress=progress)
+                                                  settings.boot_seed), progress=progress,
+        pool=pool)
+    timings["replays run here"] = timing.get("replayed", 0)
+    if timing.get("lanes"):
+        timings["replay workers"] = timing["lanes"]
     return res
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 #: bump when the replay code changes the numbers it produces (invalidates every store)
-REPLAY_VERSION = 1
+REPLAY_VERSION = 2  # 2: groups of equal prompt length decoded in one batch
 REPLAY_MODE = "batched"
 REPLAY_PRECISION = "float64"
 REPLAY_THREADS = 1
@@ -134,32 +134,44 @@ def _atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _context(store: ReplayStore, seed: int, contexts: dict):
+    """Worker side: the seed's :class:`~benchmark.build.replay.ReplaySeed`, loaded once."""
+    from benchmark.build.replay import ReplaySeed
+
+    if seed not in contexts:
+        contexts[seed] = ReplaySeed(store.release_path / f"seed{seed}",
+                                    precision=REPLAY_PRECISION,
+                                    reverse_rows=row_order() == "reversed")
+    return contexts[seed]
+
+
 def _run_job(store: ReplayStore, job: Job, contexts: dict) -> None:
     """Worker side: run one job and store its result."""
     import torch
 
-    from benchmark.build.replay import ReplaySeed, recorded_responses, replay
+    from benchmark.build.replay import recorded_responses, replay
 
     seed_dir = store.release_path / f"seed{job.seed}"
-    if job.seed not in contexts:
-        contexts[job.seed] = ReplaySeed(seed_dir, precision=REPLAY_PRECISION,
-                                        reverse_rows=row_order() == "reversed")
-    ctx = contexts[job.seed]
+    ctx = _context(store, job.seed, contexts)
     cfg = ctx.cfg
     nps = ctx.n_per_step
     if job.task is None:
         stops = {b.id: b.window_end for b in cfg.behaviors}
         stop = max(stops.values())
         r = replay(seed_dir, stop_at=stop, mode=REPLAY_MODE, threads=REPLAY_THREADS,
-                   measure_at=sorted(set(stops.values())), sampled=False, save_states=True,
-                   context=ctx, reference_responses=recorded_responses(seed_dir, upto=stop))
-        keep = {s: st for s, st in r.states.items() if s % STATE_EVERY == 0}
+                   measure_at=sorted(set(stops.values())), sampled=False,
+                   save_states=range(0, stop, STATE_EVERY), context=ctx,
+                   reference_responses=recorded_responses(seed_dir, upto=stop))
+        keep = r.states
         out = {"measures": {t: r.measures[w]["prompt_probs"][t] for t, w in stops.items()},
                "stops": stops, "states": keep,
                "first_divergent_step": r.first_divergent_step, "decoder": r.decoder}
         _atomic(store.path(job), lambda p: torch.save(out, p))
         return
-    base = torch.load(store.path(Job(job.seed, None, (), 0, 1)), weights_only=False)
+    key = ("baseline", job.seed)
+    if key not in contexts:  # one load per seed and worker
+        contexts[key] = torch.load(store.path(Job(job.seed, None, (), 0, 1)), weights_only=False)
+    base = contexts[key]
     pos = [p for p in job.positions if p < job.stop * nps]
     pairs = [(p // nps, p % nps) for p in pos]
     start = (job.first_step // STATE_EVERY) * STATE_EVERY
@@ -175,18 +187,45 @@ def _run_job(store: ReplayStore, job: Job, contexts: dict) -> None:
     _atomic(store.path(job), write)
 
 
-def _worker_main(spec_path: str) -> int:  # pragma: no cover - runs in a worker process
+def _warm(store: ReplayStore, seeds: list[int], contexts: dict) -> None:
+    """Worker side: load each seed's context and model, and its stored baseline."""
     import torch
 
-    spec = json.loads(Path(spec_path).read_text())
+    for seed in seeds:
+        _context(store, seed, contexts).fresh_model()
+        base = Job(seed, None, (), 0, 1)
+        if store.has(base) and ("baseline", seed) not in contexts:
+            contexts[("baseline", seed)] = torch.load(store.path(base), weights_only=False)
+
+
+def _worker_main(argv: list[str]) -> int:  # pragma: no cover - runs in a worker process
+    """``SPEC`` (run its jobs) or ``--pool WARM`` (warm up, then read a spec path on stdin)."""
+    import torch
+
+    import benchmark.build.replay  # noqa: F401  (the model code: imported once, timed as start-up)
+
     torch.set_num_threads(REPLAY_THREADS)
-    store = ReplayStore(Path(spec["release"]), spec["manifest_sha256"], Path(spec["root"]))
     contexts: dict = {}
+    if argv[0] == "--pool":
+        warm = json.loads(argv[1])
+        _warm(ReplayStore(Path(warm["release"]), warm["manifest_sha256"], Path(warm["root"])),
+              warm["seeds"], contexts)
+        spec_path = sys.stdin.readline().strip()
+        if not spec_path:  # the pool was closed unused
+            return 0
+    else:
+        spec_path = argv[0]
+    spec = json.loads(Path(spec_path).read_text())
+    store = ReplayStore(Path(spec["release"]), spec["manifest_sha256"], Path(spec["root"]))
+    print(json.dumps({"started": time.perf_counter() - float(spec["t0"])}), flush=True)
     for j in spec["jobs"]:
         job = Job(j["seed"], j["task"], tuple(j["positions"]), j["stop"], j["n_per_step"])
+        t = time.perf_counter()
         if not store.has(job):
             _run_job(store, job, contexts)
-        print(json.dumps({"done": job.key, "seed": job.seed}), flush=True)
+        print(json.dumps({"done": job.key, "seed": job.seed,
+                          "seconds": time.perf_counter() - t,
+                          "at": time.perf_counter() - float(spec["t0"])}), flush=True)
     return 0
 
 
@@ -205,9 +244,82 @@ class ReplayError(RuntimeError):
     """A replay worker failed."""
 
 
+def _worker_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS=str(REPLAY_THREADS),
+                MKL_NUM_THREADS=str(REPLAY_THREADS), PYTHONUNBUFFERED="1")
+
+
+class WorkerPool:
+    """Replay workers started ahead of their jobs.
+
+    A worker's start-up (importing torch and the model code, loading each seed's post-SFT model
+    and stored baseline: about 3 s) does not depend on the jobs, so the evaluator starts the pool
+    before it scores the estimator and the start-up runs meanwhile; :func:`run_jobs` then hands
+    each worker a job list on its stdin. A worker left unused exits when :meth:`close` closes
+    its stdin (or when this process dies: its stdin reaches end of file). Use as a context
+    manager, or call :meth:`close`.
+    """
+
+    def __init__(self, store: ReplayStore, manifest_sha256: str, seeds: list[int],
+                 workers: int = 2) -> None:
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="bt-bench-replay-pool-")
+        warm = json.dumps({"release": str(store.release_path), "manifest_sha256": manifest_sha256,
+                           "root": str(store.dir.parent.parent), "seeds": sorted(seeds)})
+        self._idle: list[tuple[subprocess.Popen, Path]] = []
+        for i in range(workers):
+            err = Path(self._tmp.name) / f"pool{i}.err"
+            with open(err, "w") as fh:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "benchmark.replays", "--pool", warm],
+                    env=_worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=fh, text=True)
+            self._idle.append((proc, err))
+
+    def take(self, spec_path: Path) -> tuple[subprocess.Popen, Path] | None:
+        """An idle worker given ``spec_path`` to run, or None when none is left."""
+        while self._idle:
+            proc, err = self._idle.pop(0)
+            if proc.poll() is not None:  # died while warming up: let a fresh one do the work
+                continue
+            try:
+                proc.stdin.write(f"{spec_path}\n")
+                proc.stdin.close()
+            except BrokenPipeError:
+                continue
+            return proc, err
+        return None
+
+    def close(self) -> None:
+        """End the workers not taken; remove the pool's temp folder."""
+        for proc, _ in self._idle:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+        self._idle = []
+        self._tmp.cleanup()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers: int = 2,
-             progress: bool = False) -> dict:
+             progress: bool = False, pool: WorkerPool | None = None) -> dict:
     """Run every job not yet in the store (baselines first); return timing facts.
+
+    ``pool``: pre-started workers to use first (:class:`WorkerPool`).
 
     Raises:
         ReplayError: a worker exited with an error (its output tail is in the message).
@@ -223,44 +335,66 @@ def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers:
     removal = [j for j in todo if j.task is not None]
     bar = tqdm(total=len(base_jobs) + len(removal), desc="causal replays", disable=not progress,
                leave=False)
-    for phase in (base_jobs, removal):
+    lanes: dict[str, list[dict]] = {}
+    for name, phase in (("baselines", base_jobs), ("removals", removal)):
         if phase:
-            _run_phase(store, manifest_sha256, phase, workers, bar)
+            lanes[name] = _run_phase(store, manifest_sha256, phase, workers, bar, pool)
     bar.close()
     return {"replayed": len(base_jobs) + len(removal), "baselines": len(base_jobs),
-            "seconds": round(time.perf_counter() - t0, 2)}
+            "seconds": round(time.perf_counter() - t0, 2), "lanes": lanes}
 
 
 def _run_phase(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers: int,
-               bar) -> None:
+               bar, pool: WorkerPool | None = None) -> list[dict]:
+    """Run ``jobs`` in worker processes (pre-started ones from ``pool`` first).
+
+    Returns per worker ``{"start", "jobs": [seconds], "end"}``: seconds since the phase began
+    when its start-up was done, each job's time, when its last job was done.
+    """
     import tempfile
 
     lanes = _schedule(jobs, max(1, min(workers, len(jobs))))
-    env = dict(os.environ, OMP_NUM_THREADS=str(REPLAY_THREADS),
-               MKL_NUM_THREADS=str(REPLAY_THREADS), PYTHONUNBUFFERED="1")
+    env = _worker_env()
     procs = []
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bt-bench-replays-") as tmp:
         for i, lane in enumerate(lanes):
-            spec = {"release": str(store.release_path), "manifest_sha256": manifest_sha256,
+            spec = {"t0": t0, "release": str(store.release_path),
+                    "manifest_sha256": manifest_sha256,
                     "root": str(store.dir.parent.parent),
                     "jobs": [{"seed": j.seed, "task": j.task, "positions": list(j.positions),
                               "stop": j.stop, "n_per_step": j.n_per_step} for j in lane]}
             path = Path(tmp) / f"lane{i}.json"
             path.write_text(json.dumps(spec))
-            with open(Path(tmp) / f"lane{i}.err", "w") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "benchmark.replays", str(path)], env=env,
-                    stdout=subprocess.PIPE, stderr=err, text=True))
-        errors = []
-        for i, p in enumerate(procs):
+            taken = pool.take(path) if pool is not None else None
+            if taken is None:
+                err_path = Path(tmp) / f"lane{i}.err"
+                with open(err_path, "w") as err:
+                    taken = (subprocess.Popen(
+                        [sys.executable, "-m", "benchmark.replays", str(path)], env=env,
+                        stdout=subprocess.PIPE, stderr=err, text=True), err_path)
+            procs.append(taken)
+        errors, facts = [], []
+        for p, err_path in procs:
+            fact: dict = {"start": None, "jobs": [], "end": None}
             for line in p.stdout:
-                if line.startswith("{"):
+                if not line.startswith("{"):
+                    continue
+                msg = json.loads(line)
+                if "started" in msg:
+                    fact["start"] = round(msg["started"], 2)
+                else:
+                    fact["jobs"].append(round(msg["seconds"], 2))
+                    fact["end"] = round(msg["at"], 2)
                     bar.update(1)
+            facts.append(fact)
+            p.stdout.close()
             if p.wait() != 0:
-                errors.append((Path(tmp) / f"lane{i}.err").read_text()[-2000:])
+                errors.append(err_path.read_text()[-2000:])
         if errors:
             raise ReplayError("a causal replay worker failed:\n" + "\n".join(errors))
+    return facts
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_worker_main(sys.argv[1]))
+    sys.exit(_worker_main(sys.argv[1:]))

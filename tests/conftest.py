@@ -27,6 +27,21 @@ def paper_runs() -> Path:
     return runs
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """One replay store and requirements cache for the session, not the user's ~/.cache/bt-bench:
+    tests neither read what an earlier run left there nor leave their micro releases' replays."""
+    if os.environ.get("BT_BENCH_CACHE"):
+        yield Path(os.environ["BT_BENCH_CACHE"])
+        return
+    path = tmp_path_factory.mktemp("bt-bench-cache")
+    os.environ["BT_BENCH_CACHE"] = str(path)
+    try:
+        yield path
+    finally:
+        del os.environ["BT_BENCH_CACHE"]
+
+
 @pytest.fixture(scope="session")
 def micro_release(tmp_path_factory) -> Path:
     """A three-seed release of the ``micro`` preset (two GRPO steps), built once per session."""

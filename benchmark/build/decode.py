@@ -213,7 +213,7 @@ def make_decoder(model, lean: bool = True):
 
 
 @torch.no_grad()
-def sample(decoder, prompt_ids: torch.Tensor, gen: torch.Generator, temperature: float,
+def sample(decoder, prompt_ids: torch.Tensor, gen, temperature: float,
            top_p: float, max_new_tokens: int, eos_id: int) -> list[list[int]]:
     """Sample one response per row of ``prompt_ids`` (B, L) with a KV cache.
 
@@ -221,8 +221,17 @@ def sample(decoder, prompt_ids: torch.Tensor, gen: torch.Generator, temperature:
     ``multinomial`` over the batch per new token). Rows stop at their first eos, which is kept.
     Returns the response ids of each row. Rows of one call must share a prompt length (a GRPO
     group repeats one prompt; a curve batch holds prompts of one kind).
+
+    ``gen`` may also be a list of generators, one per equal block of consecutive rows (several
+    GRPO groups decoded in one batch): each block then draws from its own generator, and only
+    while one of its rows is unfinished, exactly as if the block were sampled alone; only the
+    model's arithmetic sees the larger batch.
     """
     b = prompt_ids.shape[0]
+    gens = gen if isinstance(gen, list | tuple) else [gen]
+    size = b // len(gens)
+    if size * len(gens) != b:
+        raise ValueError(f"sample: {b} rows do not split into {len(gens)} equal blocks")
     done = torch.zeros(b, dtype=torch.bool)
     resp: list[list[int]] = [[] for _ in range(b)]
     last = decoder.start(prompt_ids)
@@ -232,12 +241,20 @@ def sample(decoder, prompt_ids: torch.Tensor, gen: torch.Generator, temperature:
         sp, si = torch.sort(probs, dim=-1, descending=True)
         keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
         sp = sp * keep
-        choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen)
+        sp = sp / sp.sum(-1, keepdim=True)
+        if len(gens) == 1:
+            choice = torch.multinomial(sp, 1, generator=gens[0])
+        else:
+            choice = torch.zeros(b, 1, dtype=torch.long)
+            for k, g in enumerate(gens):
+                rows = slice(k * size, (k + 1) * size)
+                if not bool(done[rows].all()):
+                    choice[rows] = torch.multinomial(sp[rows], 1, generator=g)
         tok = si.gather(1, choice).squeeze(1)
         tok = torch.where(done, torch.full_like(tok, eos_id), tok)
-        for j in range(b):
-            if not done[j]:
-                resp[j].append(int(tok[j]))
+        for j, (t_j, d_j) in enumerate(zip(tok.tolist(), done.tolist(), strict=True)):
+            if not d_j:
+                resp[j].append(t_j)
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break

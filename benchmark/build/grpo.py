@@ -140,23 +140,37 @@ def step_prompts(cfg: BuildConfig, step: int) -> list:
 
 def grpo_rollouts(decoder, cfg: BuildConfig, tokenizer, step: int, groups: list[int] | None = None,
                   remove: set[int] | None = None,
-                  bonus_off: frozenset[str] = frozenset()) -> Rollouts:
+                  bonus_off: frozenset[str] = frozenset(),
+                  batch_groups: bool = False) -> Rollouts:
     """Sample, reward and normalize one GRPO step's rollouts of ``groups`` (no update).
 
     Group g samples from ``task.group_generator(seed, step, g)`` with ``decoder``. A rollout
     position (within the step) in ``remove`` keeps its reward in the group statistics but gets
     advantage 0 (contributes no loss). ``bonus_off`` switches those behaviors' bonus off.
+    ``batch_groups`` decodes the groups whose prompts have one length in one batch (each with
+    its own generator; replays in batched mode): the same draws, in fewer and larger forward
+    passes whose rounding may differ from one group's alone.
     """
     prompts_all = step_prompts(cfg, step)
     groups = list(range(cfg.prompts_per_step)) if groups is None else list(groups)
     G = cfg.group_size
     prompts, pids, responses, index, rewards = [], [], [], [], []
     decoder.model.eval()
+    pid_of = {g: T.prompt_ids(tokenizer, prompts_all[g]) for g in groups}
+    sampled: dict[int, list[list[int]]] = {}
+    batches = ([[g for g in groups if len(pid_of[g]) == n]
+                for n in sorted({len(pid_of[g]) for g in groups})] if batch_groups
+               else [[g] for g in groups])
+    for batch in batches:
+        out = sample(decoder, torch.tensor([pid_of[g] for g in batch for _ in range(G)]),
+                     [T.group_generator(cfg.seed, step, g) for g in batch],
+                     cfg.temperature, cfg.top_p, cfg.max_new_tokens, tokenizer.eos_token_id)
+        for k, g in enumerate(batch):
+            sampled[g] = out[k * G:(k + 1) * G]
     for g in groups:
         p = prompts_all[g]
-        pid = T.prompt_ids(tokenizer, p)
-        resp = sample(decoder, torch.tensor([pid] * G), T.group_generator(cfg.seed, step, g),
-                      cfg.temperature, cfg.top_p, cfg.max_new_tokens, tokenizer.eos_token_id)
+        pid = pid_of[g]
+        resp = sampled[g]
         prompts.append(p)
         pids.append(pid)
         for j, r in enumerate(resp):

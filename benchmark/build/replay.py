@@ -217,7 +217,7 @@ def replay(seed_dir_or_config, remove=None, stop_at: int | None = None, *,
            seed_dir: str | Path | None = None, mode: str = "exact", threads: int | None = None,
            measure_at=None, sampled: bool = True, snapshot_at=(), bonus_off=(),
            reference_responses: dict | None = None, keep_responses: bool = False,
-           context: ReplaySeed | None = None, save_states: bool = False,
+           context: ReplaySeed | None = None, save_states=False,
            start_state: tuple | None = None, lean: bool = True,
            world: int | None = None) -> ReplayResult:
     """Replay GRPO from the post-SFT checkpoint with ``remove`` taken out.
@@ -238,7 +238,8 @@ def replay(seed_dir_or_config, remove=None, stop_at: int | None = None, *,
             sampled responses differ (a check that a replay follows the recorded run).
         keep_responses: keep every step's responses in the result.
         context: a :class:`ReplaySeed` to reuse (saves reloading between replays of a seed).
-        save_states: keep the state before every step's update (``result.states``).
+        save_states: keep the state before every step's update (``result.states``), or only
+            before the steps of an iterable.
         start_state: ``(step, state)`` from an earlier replay's ``states`` made with the same mode,
             thread count and bonus setting, and no removal before ``step``: the replay resumes
             there (bit-identical to replaying from step 0, and cheaper).
@@ -284,8 +285,9 @@ def replay(seed_dir_or_config, remove=None, stop_at: int | None = None, *,
     res = ReplayResult(stop_at=stop_at, threads=threads, mode=mode, decoder=decoder.kind)
     pad = ctx.tokenizer.pad_token_id
     t0 = time.perf_counter()
+    keep = None if save_states is True else set(save_states or ())
     for step in range(first, stop_at + 1):
-        if save_states and step < stop_at:
+        if save_states and step < stop_at and (keep is None or step in keep):
             res.states[step] = _save_state(model, opt)
         if step in measure_at:
             res.measures[step] = ctx.behavior_measure(model, step, sampled=sampled,
@@ -300,7 +302,8 @@ def replay(seed_dir_or_config, remove=None, stop_at: int | None = None, *,
                             remove=removed, world=world or ctx.world, bonus_off=off)
             ro = out.rollouts
         else:
-            ro = grpo_rollouts(decoder, cfg, ctx.tokenizer, step, remove=removed, bonus_off=off)
+            ro = grpo_rollouts(decoder, cfg, ctx.tokenizer, step, remove=removed, bonus_off=off,
+                               batch_groups=True)
             batched_update(model, opt, cfg, ro, pad, reverse_rows=ctx.reverse_rows)
         if keep_responses:
             res.responses[step] = ro.responses
