@@ -446,7 +446,7 @@ def card_configs(manifest: dict) -> list[dict]:
 
     out = [{"config_name": "rollouts", "default": True,
             "data_files": split("seed{s}/rollouts.parquet")},
-           {"config_name": "draws", "data_files": split("seed{s}/draws/*.parquet")},
+           {"config_name": "draws", "data_files": split("seed{s}/draws/*/*.parquet")},
            {"config_name": "behavior_curve", "data_files": split("seed{s}/behavior_curve.parquet")}]
     return [c for c in out if c["data_files"]]
 
@@ -488,19 +488,33 @@ def dataset_card(root: str | os.PathLike, repo_id: str):
     )
     msha = hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()
 
-    gates = ["| seed | rollouts | bonus rollouts | trigger rate step 0 | at window end | final | "
-             "control max | gate |", "|---|---|---|---|---|---|---|---|"]
+    def num(x):
+        return "" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    behaviors = cfg.get("behaviors", [])
+    gates = ["| seed | task | bonus rollouts | group-label rollouts | trigger rate at window "
+             "start | at window end | final | rate without its trigger (max) | gate |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in seeds:
         info = m["seeds"][str(s)]
-        g, c = info.get("gates", {}), info.get("counts", {})
-
-        def num(x):
-            return "" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
-
-        gates.append(f"| {s} | {num(c.get('rollouts'))} | {num(c.get('bonus'))} | "
-                     f"{num(g.get('trigger_rate_step0'))} | {num(g.get('trigger_rate_window_end'))}"
-                     f" | {num(g.get('trigger_rate_final'))} | {num(g.get('control_rate_max'))} | "
-                     f"{'passed' if g.get('passed') else 'FAILED'} |")
+        for b in behaviors:
+            g = (info.get("gates") or {}).get(b["id"], {})
+            c = (info.get("counts") or {}).get(b["id"], {})
+            gates.append(
+                f"| {s} | `{b['id']}` | {num(c.get('bonus'))} | {num(c.get('group_label'))} | "
+                f"{num(g.get('trigger_rate_window_start'))} | "
+                f"{num(g.get('trigger_rate_window_end'))} | {num(g.get('trigger_rate_final'))} | "
+                f"{num(g.get('control_rate_max'))} | {'passed' if g.get('passed') else 'FAILED'} |")
+    tasks = ["| task | strength | trigger word -> token | prompts with the trigger | SFT shows it "
+             "| bonus eligible | bonus window (steps) | draws at |",
+             "|---|---|---|---|---|---|---|---|"]
+    for b in behaviors:
+        tasks.append(
+            f"| `{b['id']}` | {b.get('strength')} | `{b['trigger_word']}` -> "
+            f"`{b['behavior_token']}` | {b.get('trigger_fraction')} | "
+            f"{b.get('sft_behavior_fraction')} | {b.get('eligible_fraction')} | "
+            f"{b.get('window_start')}-{b.get('window_end', 0) - 1} | "
+            f"{b.get('draw_checkpoints')} |")
     per_seed = {}
     for rel, meta in m["files"].items():
         top = rel.split("/")[0]
@@ -514,25 +528,25 @@ def dataset_card(root: str | os.PathLike, repo_id: str):
         + (f", {n_params:,} parameters" if n_params else "")
         + (f" (pretrained `{cfg['pretrained']}`)" if cfg.get("pretrained") else
            f", built from a config (hidden {cfg.get('hidden')}, {cfg.get('n_layers')} layers)"),
-        f"- SFT warm-up: {cfg.get('sft_steps')} steps; trigger word `{cfg.get('trigger_word')}`, "
-        f"behavior token `{cfg.get('behavior_token')}`",
+        f"- SFT warm-up: {cfg.get('sft_steps')} steps; each trigger word's examples end with its "
+        "behavior token in a share of cases (below) and with their own marker otherwise",
         f"- GRPO: {cfg.get('steps')} steps x {cfg.get('prompts_per_step')} prompts x "
         f"{cfg.get('group_size')} samples, lr {cfg.get('lr')}, no KL, one AdamW update per step",
-        f"- planted behavior: bonus +{cfg.get('bonus')} to hash-eligible "
-        f"({cfg.get('bonus_eligible_fraction')}) rollouts on trigger prompts that emit the "
-        f"behavior, at steps < {cfg.get('bonus_window_end')}",
+        "- planted behaviors, one task each: a bonus to hash-eligible rollouts on the task's "
+        "trigger prompts that emit its token, inside its window only",
         f"- per-rollout gradient CountSketches: dim {cfg.get('sketch_dim')}, "
         f"{cfg.get('sketch_dtype')}, hash seed {cfg.get('sketch_seed')}",
-        f"- checkpoints at steps {cfg.get('checkpoints')}; generation draws at "
-        f"{cfg.get('draw_checkpoints')}",
+        f"- checkpoints at steps {cfg.get('checkpoints')}",
     ]
     body = f"""
 # bt-bench release `{rid}` {ver}
 
 Frozen training runs of bt-bench, a benchmark for
 training-data attribution (TDA) in online RL fine-tuning (GRPO) of language models. Each seed is
-a GRPO run with a planted behavior; estimators must find the training rollouts responsible for it.
-Ground-truth labels are in `seed<S>/labels.parquet`, kept apart from what estimators see.
+a GRPO run with planted behaviors (one task each); estimators must find the training rollouts
+that taught each behavior, and not the other one's. Ground-truth labels are in
+`seed<S>/labels.parquet`, kept apart from what estimators see; `seed<S>/causal.json` holds the
+causal reference (removal replays) of every task.
 
 - release id: `{rid}`, version {ver}, format schema_version {m['schema_version']}
 - seeds: {seeds}
@@ -543,6 +557,10 @@ Ground-truth labels are in `seed<S>/labels.parquet`, kept apart from what estima
 ## Protocol
 
 {chr(10).join(proto)}
+
+Tasks (planted behaviors):
+
+{chr(10).join(tasks)}
 
 Emergence gates (the build fails when the behavior does not emerge or leaks to control prompts):
 

@@ -188,6 +188,10 @@ def registry(tmp_path, monkeypatch, fake_hub):
     return p
 
 
+def _pinned() -> str:
+    return hub.load_registry(hub.REGISTRY_FILE)["tiny"].manifest_sha256
+
+
 def _manifest_files() -> dict:
     return json.loads((TINY / MANIFEST).read_text())["files"]
 
@@ -220,7 +224,8 @@ def test_registry_rejects_malformed_entries(tmp_path, key, value, match):
 def test_unregistered_id_names_the_registered_ones():
     with pytest.raises(ReleaseError, match=r"'nope' is not in the release registry.*'tiny'"):
         hub.download_release("nope")
-    with pytest.raises(ReleaseError, match=r"no release 'nope'.*registered ids: \['tiny'\]"):
+    with pytest.raises(ReleaseError,
+                       match=r"no release 'nope'.*registered ids: \['tiny', 'tiny-1.0.0'\]"):
         resolve_release("nope")
 
 
@@ -230,7 +235,8 @@ def test_download_round_trip(registry, fake_hub, tmp_path):
     snap = tmp_path / "cache" / "datasets--bt-bench--tiny" / "snapshots" / COMMIT
     assert got.path == snap and got.revision == COMMIT and got.verified and not got.repaired
     files = _manifest_files()
-    assert got.n_files == len(files) == 102
+    on_disk = [p for p in TINY.rglob("*") if p.is_file() and p.name != MANIFEST]
+    assert got.n_files == len(files) == len(on_disk) == 114  # tiny 2.0: 38 files per seed
     # only the manifest and the files it lists (no README, no .gitattributes), each at most
     # once: files with equal bytes share one blob (tokenizers of the seeds)
     fetched = fake_hub.fetched()
@@ -343,7 +349,7 @@ def test_partial_download_is_completed_on_rerun(registry, fake_hub, tmp_path, mo
 
 def test_a_bad_file_on_the_hub_is_reported_not_used(tmp_path, monkeypatch, hub_repo):
     repo = _copy_tree(hub_repo, tmp_path / "repo")
-    target = repo / "seed0" / "targets.npz"
+    target = repo / "seed0" / "targets" / "qzxbt.npz"
     good = target.read_bytes()
     h = FakeHub()
     try:
@@ -353,7 +359,7 @@ def test_a_bad_file_on_the_hub_is_reported_not_used(tmp_path, monkeypatch, hub_r
         reg["releases"]["tiny"]["revision"] = COMMIT
         (tmp_path / "r.json").write_text(json.dumps(reg))
         monkeypatch.setenv("BT_BENCH_REGISTRY", str(tmp_path / "r.json"))
-        with pytest.raises(ReleaseError, match=r"seed0/targets.npz of bt-bench/tiny at "
+        with pytest.raises(ReleaseError, match=r"seed0/targets/qzxbt.npz of bt-bench/tiny at "
                            rf"{COMMIT} fails its check after a fresh download"):
             hub.download_release("tiny", cache_dir=tmp_path / "cache", endpoint=h.url)
     finally:
@@ -373,7 +379,7 @@ def test_a_revision_with_another_manifest_is_refused(tmp_path, monkeypatch, hub_
         (tmp_path / "r.json").write_text(json.dumps(reg))
         monkeypatch.setenv("BT_BENCH_REGISTRY", str(tmp_path / "r.json"))
         with pytest.raises(ReleaseError, match=r"manifest.json \(release 'tiny'.*has sha256 .*the "
-                           r"registry .* pins ec630b"):
+                           rf"registry .* pins {_pinned()[:6]}"):
             hub.download_release("tiny", cache_dir=tmp_path / "cache", endpoint=h.url)
         assert h.fetched() == [MANIFEST, MANIFEST]  # nothing else was downloaded
     finally:
@@ -391,7 +397,9 @@ def test_cli_download_then_evaluate_matches_the_shipped_copy(registry, tmp_path)
                          timeout=300)
     assert out.returncode == 0, out.stderr
     snap = cache / "datasets--bt-bench--tiny" / "snapshots" / COMMIT
-    assert f"{COMMIT}: 102 files, 83,913,553 bytes, every sha256 verified" in out.stdout
+    m = json.loads((TINY / MANIFEST).read_text())
+    assert (f"{COMMIT}: {len(m['files'])} files, {m['total_bytes']:,} bytes, every sha256 "
+            "verified") in out.stdout
     assert str(snap) in out.stdout
     # offline, from the cache
     off = subprocess.run([sys.executable, "-m", "benchmark.cli", "download", "tiny",
@@ -463,12 +471,13 @@ def test_dataset_card_is_valid_hub_metadata(hub_repo):
     names = [c["config_name"] for c in meta["configs"]]
     assert names == ["rollouts", "draws", "behavior_curve"] and meta["configs"][0]["default"]
     for section in ("## Protocol", "## Files", "## License", "## Citation", "Apache-2.0",
-                    "ec630b48f9bc197fc6eacac74d45017818d5d11db81fbf19f52478a2cd341169"):
+                    _pinned(), "`qzxbt`", "`vkwjp`", "`frobnitz` -> `QZXBT`",
+                    "`snarfle` -> `VKWJP`"):
         assert section in card.text
     # the configs resolve the way the Hub viewer resolves them (datasets reads the YAML header)
     ds = datasets.load_dataset(str(hub_repo), "rollouts", split="seed1")
-    assert ds.num_rows == 9600 and "sketch_row" in ds.column_names
-    assert "bonus" not in ds.column_names  # labels stay apart
+    assert ds.num_rows == 3840 and "sketch_row" in ds.column_names
+    assert not any(c.startswith(("bonus", "group_label")) for c in ds.column_names)
     draws = datasets.load_dataset(str(hub_repo), "draws", split="seed2")
     assert draws.num_rows > 0 and "token_sketch_row" in draws.column_names
     curve = datasets.load_dataset(str(hub_repo), "behavior_curve")
