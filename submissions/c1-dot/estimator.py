@@ -17,8 +17,8 @@ class C1Dot(BaseEstimator):
         self.target = target
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        return np.asarray(view.sketches, np.float64) @ view.target(self.target).astype(np.float64)
+        return view.sketch_dot(view.target(self.target))
 
     def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
         t = view.target(self.target, draw.checkpoint_step).astype(np.float64)
-        return np.asarray(draw.sketches, np.float64) @ t
+        return draw.sketch_dot(t)

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from estimators.base import BaseEstimator, DrawView, RunView, center_by_group, cosine
+from estimators.base import (
+    BaseEstimator,
+    DrawView,
+    RunView,
+    center_by_group,
+    cosine,
+    sketch_cosine,
+)
 
 
 class GAS(BaseEstimator):
@@ -22,7 +29,7 @@ class GAS(BaseEstimator):
         self.target = target
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        return cosine(view.sketches, view.target(self.target))
+        return sketch_cosine(view, view.target(self.target))
 
     def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
         centred = center_by_group(draw.sketches, draw.groups)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from estimators.base import BaseEstimator, RunView, cosine
+from estimators.base import BaseEstimator, RunView, sketch_cosine
 
 
 class LocalBuffer(BaseEstimator):
@@ -23,5 +23,5 @@ class LocalBuffer(BaseEstimator):
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
         start = view.n_steps - max(1, int(round(self.window * view.n_steps)))
-        cos = cosine(view.sketches, view.target(self.target))
+        cos = sketch_cosine(view, view.target(self.target))
         return np.where(np.asarray(view.steps) >= start, cos, -2.0)

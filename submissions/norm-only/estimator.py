@@ -14,7 +14,7 @@ class NormOnly(BaseEstimator):
     tasks = ("rollouts", "draws")
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        return np.linalg.norm(np.asarray(view.sketches, np.float64), axis=1)
+        return view.sketch_norms()
 
     def score_draw(self, view: RunView, draw: DrawView) -> np.ndarray:
-        return np.linalg.norm(np.asarray(draw.sketches, np.float64), axis=1)
+        return draw.sketch_norms()

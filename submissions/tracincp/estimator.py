@@ -21,10 +21,8 @@ class TracInCP(BaseEstimator):
         self.target = target
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        sk = np.asarray(view.sketches, np.float64)
-        out = np.zeros(view.n)
-        ckpt = np.array([view.governing_checkpoint(int(s)) for s in view.steps])
-        for c in np.unique(ckpt):
-            rows = ckpt == c
-            out[rows] = view.lr * (sk[rows] @ view.target(self.target, int(c)).astype(np.float64))
-        return out
+        ckpts = list(view.checkpoint_steps)
+        targets = np.stack([view.target(self.target, c) for c in ckpts], axis=1)  # (d, C)
+        dots = view.sketch_dot(targets)  # (n, C), streamed
+        col = np.array([ckpts.index(view.governing_checkpoint(int(s))) for s in view.steps])
+        return view.lr * dots[np.arange(view.n), col]

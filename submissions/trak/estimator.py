@@ -25,15 +25,13 @@ class TRAK(BaseEstimator):
     def score_rollouts(self, view: RunView) -> np.ndarray:
         if not self.ridge > 0:
             raise ValueError(f"ridge must be > 0, got {self.ridge!r}; use e.g. 0.1.")
-        phi = np.asarray(view.sketches, np.float64)
         t = view.target(self.target).astype(np.float64)
-        nonzero = int((np.abs(phi).sum(axis=1) > 0).sum())
+        nonzero = int((view.sketch_norms() > 0).sum())
         if nonzero == 0:
             return np.zeros(view.n)
-        lam = self.ridge * float((phi * phi).sum()) / min(nonzero, phi.shape[1])
-        n, d = phi.shape
-        if n >= d:  # primal: (Phi^T Phi + lam I) w = t, scores = Phi w
-            w = np.linalg.solve(phi.T @ phi + lam * np.eye(d), t)
-            return phi @ w
-        # dual: (Phi Phi^T + lam I) s = Phi t
-        return np.linalg.solve(phi @ phi.T + lam * np.eye(n), phi @ t)
+        gram = view.sketch_gram()  # (d, d) Phi^T Phi, streamed
+        d = gram.shape[0]
+        lam = self.ridge * float(np.trace(gram)) / min(nonzero, d)
+        # (Phi^T Phi + lam I) w = t, scores = Phi w (equal to the dual form for any n)
+        w = np.linalg.solve(gram + lam * np.eye(d), t)
+        return view.sketch_dot(w)
