@@ -79,8 +79,7 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
     labels = ROOT / "releases" / "tiny" / "seed0" / "labels.parquet"
     ckpt = next((ROOT / "releases" / "tiny" / "seed0" / "checkpoints").rglob("model.safetensors"))
     release_copy = tmp / "release"
-    shutil.copytree(ROOT / "releases" / "tiny", release_copy,
-                    ignore=shutil.ignore_patterns("seed1", "seed2"))
+    shutil.copytree(ROOT / "releases" / "tiny", release_copy)
     manifest = json.loads((release_copy / "manifest.json").read_text())
     manifest["schema_version"] = 99
     bad_schema = tmp / "bad_schema"
@@ -88,7 +87,7 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
     (bad_schema / "manifest.json").write_text(json.dumps(manifest))
     tampered = tmp / "tampered"
     shutil.copytree(release_copy, tampered)
-    with (tampered / "seed0" / "targets.npz").open("ab") as fh:
+    with (tampered / "seed0" / "targets" / "qzxbt.npz").open("ab") as fh:
         fh.write(b"x")
     missing_file = tmp / "missing_file"
     shutil.copytree(release_copy, missing_file)
@@ -204,13 +203,13 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
         ("estimator", "raises deep inside a library (its frames and the library's are shown)",
          ev + [body(tmp, "deep.py", "return np.linalg.inv(np.zeros((2, 2)))")]),
         ("requirements", "a requirement that cannot be installed",
-         ev + ["--requirements", "bt-bench-no-such-package==1.0", str(tmp / "g.py")]),
+         ev + [str(tmp / "g.py"), "--requirements", "bt-bench-no-such-package==1.0"]),
         ("requirements", "breaks torch's stack (torchvision 0.28.0 on a CPU torch)",
-         ev + ["--requirements", "torchvision==0.28.0", str(tmp / "g.py")]),
-        ("requirements", "pins a core package", ev + ["--requirements", "torch==2.5.0",
-                                                      str(tmp / "g.py")]),
-        ("requirements", "a range instead of an exact pin", ev + ["--requirements", "einops>=0.8",
-                                                                  str(tmp / "g.py")]),
+         ev + [str(tmp / "g.py"), "--requirements", "torchvision==0.28.0"]),
+        ("requirements", "pins a core package",
+         ev + [str(tmp / "g.py"), "--requirements", "torch==2.5.0"]),
+        ("requirements", "a range instead of an exact pin",
+         ev + [str(tmp / "g.py"), "--requirements", "einops>=0.8"]),
         ("release", "unknown release id",
          ev + ["--release", "nonexistent", est(tmp, "g.py", GOOD)]),
         ("release", "wrong schema version",
