@@ -29,16 +29,17 @@ EXAMPLE = ROOT / "estimators" / "examples" / "my_estimator.py"
 
 
 @pytest.fixture(scope="module")
-def subs(micro_release, tmp_path_factory) -> Path:
-    """A submissions folder with the example estimator (via the CLI) and the random control."""
+def subs(micro_causal, tmp_path_factory) -> Path:
+    """A submissions folder with the example estimator (via the CLI) and the random control,
+    scored with causal scores on the micro release."""
     root = tmp_path_factory.mktemp("subs") / "submissions"
     rc = main(["submit", str(EXAMPLE), "--name", "in-context-cosine", "--authors", "Ada Lovelace",
                "Alan Turing", "--link", "https://example.org/paper", "--description",
-               "cosine with the in-context target", "--release", str(micro_release),
+               "cosine with the in-context target", "--release", str(micro_causal),
                "--submissions-dir", str(root), "--no-progress"])
     assert rc == 0
     submit(ROOT / "estimators" / "controls" / "random.py", "random", ["bt-bench"],
-           release=micro_release, submissions_dir=root, progress=False)
+           release=micro_causal, submissions_dir=root, progress=False)
     return root
 
 
@@ -183,45 +184,59 @@ def test_underscore_folders_are_not_submissions(tmp_path):
 # verify
 
 
-def test_verify_passes_on_an_untouched_submission(subs, micro_release, capsys):
+def test_verify_passes_on_an_untouched_submission(subs, micro_causal, capsys):
     rc = main(["verify", str(subs / "in-context-cosine"), str(subs / "random"), "--release",
-               str(micro_release), "--no-progress"])
+               str(micro_causal), "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "in-context-cosine: ok" in out and "2 of 2 submission(s) reproduced." in out
 
 
-def test_verify_fails_naming_the_metric_when_results_are_edited(subs, micro_release, tmp_path,
+def test_verify_passes_on_another_machine_and_no_verdict_flips(subs, micro_causal, tmp_path,
+                                                               monkeypatch):
+    """Emulate another CPU: every replay sums its batched update in another order, no cache."""
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "other-machine"))
+    monkeypatch.setenv("BT_BENCH_REPLAY_ROW_ORDER", "reversed")
+    report = verify_submission(subs / "in-context-cosine", micro_causal, progress=False)
+    assert report.ok, report.format()
+    assert (tmp_path / "other-machine" / "replays").is_dir()  # it replayed, it did not reuse
+
+
+def test_verify_fails_naming_the_metric_when_results_are_edited(subs, micro_causal, tmp_path,
                                                                 capsys):
     sub = _copy(subs / "in-context-cosine", tmp_path)
     res = json.loads((sub / "results.json").read_text())
-    window = res["seeds"]["0"]["training"]["in-context-cosine"]["rollout"]["group"]["window"]
+    task = res["tasks"]["qzxbt"]
+    window = task["seeds"]["0"]["training"]["in-context-cosine"]["rollout"]["group"]["window"]
     window["precision"] = round(window["precision"] + 0.01, 10)
-    res["checklist"][0]["verdict"] = "pass" if res["checklist"][0]["verdict"] != "pass" else "fail"
+    task["checklist"][0]["verdict"] = "pass" if task["checklist"][0]["verdict"] != "pass" \
+        else "fail"
+    task["checklist"][0]["per"]["0"]["reason"] = "a different explanation"  # never compared
     res["packages"]["numpy"] = "0.0.0"  # machine-specific: reported, never a failure
     (sub / "results.json").write_text(json.dumps(res, indent=2, sort_keys=True))
-    rc = main(["verify", str(sub), "--release", str(micro_release), "--no-progress"])
+    rc = main(["verify", str(sub), "--release", str(micro_causal), "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "FAILED (2 values differ)" in out
-    assert "seeds.0.training.in-context-cosine.rollout.group.window.precision: committed" in out
-    assert "checklist.magnitude.verdict: committed" in out
+    assert ("tasks.qzxbt.seeds.0.training.in-context-cosine.rollout.group.window.precision: "
+            "committed") in out
+    assert "tasks.qzxbt.checklist.magnitude.verdict: committed" in out
     assert "note (not checked, machine-specific): packages.numpy" in out
     assert "code changed" not in out
 
 
-def test_verify_fails_when_the_code_changes_its_output(subs, micro_release, tmp_path):
+def test_verify_fails_when_the_code_changes_its_output(subs, micro_causal, tmp_path):
     sub = _copy(subs / "in-context-cosine", tmp_path)
     est = sub / "estimator.py"
     est.write_text(est.read_text().replace(
-        "return cosine(view.sketches, view.target(self.target))",
-        "return -cosine(view.sketches, view.target(self.target))"))
-    report = verify_submission(sub, micro_release, progress=False)
+        "return sketch_cosine(view, view.target(self.target))",
+        "return -sketch_cosine(view, view.target(self.target))"))
+    report = verify_submission(sub, micro_causal, progress=False)
     assert not report.ok and report.code_changed
     text = report.format()
     assert f"{est}: the estimator code changed" in text
     assert "estimator.sha256: committed" in text
-    assert any(d.path.startswith("seeds.") and ".training.in-context-cosine." in d.path
+    assert any(d.path.startswith("tasks.") and ".training.in-context-cosine." in d.path
                for d in report.drifts)
 
 
@@ -253,3 +268,11 @@ def test_compare_results_tolerance_and_types():
     assert [d.path for d in compare_results({"c": [{"key": "timing", "verdict": "pass"}]},
                                             {"c": [{"key": "timing", "verdict": "fail"}]})] == [
         "c.timing.verdict"]
+    # numbers from replays get the causal tolerance; explanations are never compared
+    causal = {"tasks": {"t": {"causal": {"per_seed": {"0": {"x": 0.5, "reason": "0.042"}}}}}}
+    near = {"tasks": {"t": {"causal": {"per_seed": {"0": {"x": 0.505, "reason": "0.043"}}}}}}
+    assert compare_results(causal, near) == []
+    off = {"tasks": {"t": {"causal": {"per_seed": {"0": {"x": 0.52, "reason": "0.042"}}}}}}
+    assert [d.path for d in compare_results(causal, off)] == ["tasks.t.causal.per_seed.0.x"]
+    assert compare_results({"suite": {"causal_score": {"a": {"lo": 0.1}}}},
+                           {"suite": {"causal_score": {"a": {"lo": 0.105}}}}) == []
