@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmark.errors import BenchmarkError
+
 #: bump when the replay code changes the numbers it produces (invalidates every store)
 REPLAY_VERSION = 2  # 2: groups of equal prompt length decoded in one batch
 REPLAY_MODE = "batched"
@@ -240,8 +242,8 @@ def _schedule(jobs: list[Job], workers: int) -> list[list[Job]]:
     return [sorted(lane, key=lambda j: (j.seed, j.key)) for lane in lanes if lane]
 
 
-class ReplayError(RuntimeError):
-    """A replay worker failed."""
+class ReplayError(BenchmarkError):
+    """A replay worker failed (the replays it and the others finished stay in the store)."""
 
 
 def _worker_env() -> dict:
@@ -392,7 +394,10 @@ def _run_phase(store: ReplayStore, manifest_sha256: str, jobs: list[Job], worker
             if p.wait() != 0:
                 errors.append(err_path.read_text()[-2000:])
         if errors:
-            raise ReplayError("a causal replay worker failed:\n" + "\n".join(errors))
+            raise ReplayError(
+                f"a causal replay worker failed; the replays already made are kept in "
+                f"{store.dir} and a rerun continues from them (nothing else of this "
+                f"evaluation was written):\n" + "\n".join(errors))
     return facts
 
 

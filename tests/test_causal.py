@@ -161,3 +161,23 @@ def test_another_summation_order_changes_no_causal_number(micro_causal, tmp_path
         for ca, cb in zip(a["methods"]["mine"]["curve"], b["methods"]["mine"]["curve"],
                           strict=True):
             assert ca["fraction"] == pytest.approx(cb["fraction"], abs=1e-9)
+
+
+def test_a_failed_replay_worker_is_a_clear_error_that_keeps_the_finished_replays(
+        micro_causal, tmp_path, monkeypatch):
+    """One lane fails (its seed is not in the release), the other finishes: the error says
+    what failed and that the finished replays are kept; a rerun finds them stored."""
+    from benchmark.errors import BenchmarkError
+    from benchmark.release import load_release
+    from benchmark.replays import Job, ReplayError, ReplayStore, run_jobs
+
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "cache"))
+    rel = load_release(micro_causal)
+    store = ReplayStore(rel.path, rel.manifest_sha256)
+    good, bad = Job(0, None, (), 0, 1), Job(9, None, (), 0, 1)
+    with pytest.raises(ReplayError, match=r"(?s)worker failed; the replays already made are "
+                       r"kept in .*a rerun continues.*seed9") as info:
+        run_jobs(store, rel.manifest_sha256, [good, bad], workers=2)
+    assert isinstance(info.value, BenchmarkError)  # the CLI prints it without a trace
+    assert store.has(good) and not store.has(bad)
+    assert run_jobs(store, rel.manifest_sha256, [good], workers=2)["replayed"] == 0
