@@ -34,7 +34,7 @@ def rows(release: str) -> list[list]:
             ref = task_reference(raw, task)
             e = ref.off_effect
             rand = np.mean([[r.effect / e for r in level] for level in ref.random], axis=0)
-            out.append([seed, task, ref.gt_size, f"[0, {ref.window_end})", f"{e:.3f}",
+            out.append([seed, task, ref.gt_size, ref.window_end, f"{e:.3f}",
                         _curve(ref, "oracle"), _curve(ref, "provenance"),
                         *(_score(ref, m) for m in ("norm-only", "step-order", "advantage-only",
                                                     "fluency", "text-only")),
@@ -44,7 +44,7 @@ def rows(release: str) -> list[list]:
 
 def main() -> None:
     release = sys.argv[1] if len(sys.argv) > 1 else "tiny"
-    headers = ["seed", "task", "|GT|", "window", "bonus-off effect",
+    headers = ["seed", "task", "|GT|", "replayed to step", "bonus-off effect",
                "oracle (k=1/4,1/2,1)", "provenance", "norm-only", "step-order",
                "advantage-only", "fluency", "text-only", "random sets"]
     print(tabulate(rows(release), headers, tablefmt="github"))

@@ -15,6 +15,7 @@ files (the same files a one-process build writes).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -56,7 +57,8 @@ def save_checkpoint(model, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    with quiet_transformers():
+        model.save_pretrained(tmp, safe_serialization=True)
     _world_readable(tmp)
     if path.exists():
         shutil.rmtree(path)
@@ -75,13 +77,32 @@ def _world_readable(folder: Path) -> None:
             os.chmod(f, 0o644)
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Turn transformers' per-file progress bars off for the duration of the block.
+
+    "Loading weights" / "Writing model shards" bars mean nothing for a checkpoint that loads in
+    milliseconds, and builds and replay workers load hundreds of them.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_checkpoint(path: Path):
     """Load a saved checkpoint in fp32 with eager attention."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
-    )
+    with quiet_transformers():
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="eager"
+        )
 
 
 def _atomic_torch_save(obj, path: Path) -> None:
