@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmark.checklist import combine
+
 CAUSAL_FILE = "causal.json"
 CAUSAL_SCHEMA = 2
 K_FRACTIONS = (0.25, 0.5, 1.0)
@@ -296,21 +298,12 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[Removal]], est
             comparisons[c] = d
             # a control evaluated as the estimator is compared with itself: never a pass
             checks[c] = FAIL if c == estimator else beats(d["lo"], d["hi"])
-    verdict = _combine(checks.values()) if checks else NOT_RUN
+    verdict = combine(checks.values()) if checks else NOT_RUN
     block = {"window_end": ref.window_end, "gt_size": ref.gt_size, "k_grid": ref.ks,
              "bonus_off_effect": e_off, "methods": methods, "random_band": band,
              "comparisons": comparisons, "checks": checks, "verdict": verdict,
              "reason": _reason(checks, comparisons)}
     return block, samples
-
-
-def _combine(vs) -> str:
-    vs = list(vs)
-    if vs and all(v == PASS for v in vs):
-        return PASS
-    if any(v == FAIL for v in vs):
-        return FAIL
-    return INCONCLUSIVE
 
 
 def _reason(checks: dict, comparisons: dict) -> str:
@@ -446,7 +439,7 @@ def causal_results(release, scores: dict, estimator: str,
             entry["random_band"] = {
                 "lo": float(np.mean([b["random_band"]["lo"] for b in seeds.values()])),
                 "hi": float(np.mean([b["random_band"]["hi"] for b in seeds.values()]))}
-        entry["verdict"] = _combine(b["verdict"] for b in entry["per_seed"].values())
+        entry["verdict"] = combine(b["verdict"] for b in entry["per_seed"].values())
     suite = {}
     common = set.intersection(*(set(x) for x in samples.values())) if samples else set()
     for name in sorted(common):
