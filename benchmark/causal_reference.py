@@ -28,30 +28,26 @@ import numpy as np
 from benchmark import causal as C
 
 N_RANDOM = 8
-CONTROL_FILES = {
-    "random": "random.py",
-    "norm-only": "norm_only.py",
-    "fluency": "fluency.py",
-    "advantage-only": "advantage_only.py",
-    "step-order": "step_order.py",
-}
-OPEN_CONTROLS = {"text-only": "text_only.py"}
 
 
-def control_scores(release, seed: int, task: str, controls: dict[str, str]) -> dict:
-    """Rollout scores of each control file on the (seed, task) rollout view (trusted code)."""
+def control_scores(release, seed: int, task: str) -> dict:
+    """Rollout scores of every control on the (seed, task) rollout view of its track.
+
+    The controls are ``benchmark.evaluate.control_files`` (trusted code); the open-track ones
+    read text, so they get the open view.
+    """
     from benchmark.contract import load_estimator_file
     from benchmark.data import load_seed
+    from benchmark.evaluate import control_files
 
-    root = Path(__file__).resolve().parents[1] / "estimators" / "controls"
     out = {}
-    for track in ("gradient", "open"):
-        names = [n for n in controls if (n in OPEN_CONTROLS) == (track == "open")]
-        if not names:
-            continue
+    gradient = control_files("gradient")
+    for track, files in (("gradient", gradient),
+                         ("open", {n: f for n, f in control_files("open").items()
+                                   if n not in gradient})):
         view = load_seed(release, seed, track, tasks=[task])[task].rollout_view
-        for n in names:
-            est = load_estimator_file(root / controls[n]).instantiate()
+        for n, path in files.items():
+            est = load_estimator_file(path).instantiate()
             out[n] = np.asarray(est.score_rollouts(view), np.float64)
     return out
 
@@ -116,7 +112,7 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         oracle = np.where(gt, 1.0, 0.0)
         prov = np.where(labels[f"bonus_{t}"].to_numpy(bool), 1.0, 0.0)
         curves = {"oracle": oracle, "provenance": prov,
-                  **control_scores(release, seed, t, {**CONTROL_FILES, **OPEN_CONTROLS})}
+                  **control_scores(release, seed, t)}
         sets = {m: [C.in_window(C.top_k_positions(sc, k), W, nps) for k in ks]
                 for m, sc in curves.items()}
         rand = []

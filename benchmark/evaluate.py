@@ -19,6 +19,7 @@ All randomness (controls, bootstraps) is seeded, so the same inputs give byte-id
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import zlib
 from dataclasses import asdict, dataclass
@@ -454,13 +455,9 @@ def evaluate(
     if bad:
         raise BenchmarkError(f"tasks {bad} are not in release {rel.release_id} (available: "
                              f"{rel.tasks}); drop them from --tasks.")
-    pools: list = []
-    try:
+    with contextlib.ExitStack() as cleanup:
         return _evaluate(estimator_file, rel, seeds, tasks, settings, progress, isolation, env,
-                         timings, pools)
-    finally:
-        for pool in pools:
-            pool.close()
+                         timings, cleanup)
 
 
 def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalSettings):
@@ -481,10 +478,10 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
 
 def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
               settings: EvalSettings, progress: bool, isolation: Limits | None, env,
-              timings: dict | None, pools: list) -> dict:
+              timings: dict | None, cleanup: contextlib.ExitStack) -> dict:
     """:func:`evaluate` once its arguments are checked.
 
-    A replay pool it starts goes into ``pools``; the caller closes it.
+    A replay pool it starts is entered into ``cleanup`` (closed when the caller's block ends).
     """
     import time
 
@@ -513,7 +510,7 @@ def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
     lap("score estimator (sandbox, determinism re-run)")
     pool = _replay_pool(rel, seeds, est_raw, est, settings)
     if pool is not None:
-        pools.append(pool)
+        cleanup.enter_context(pool)
     # a control evaluated as the estimator keeps its control entry too: the same code gives the
     # same scores, so it is compared with itself (a difference of exactly 0, never a pass)
     methods = [Method(est, None, tuple(meta["tasks"]), False), *load_controls(track)]
