@@ -87,7 +87,14 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
     """Compute the content of ``seed<S>/causal.json`` (see the module docstring)."""
     from benchmark.build.replay import ReplaySeed
     from benchmark.machine import fingerprint
-    from benchmark.replays import REPLAY_PRECISION, Job, ReplayStore, run_jobs
+    from benchmark.replays import (
+        REPLAY_ENGINE,
+        REPLAY_PRECISION,
+        REPLAY_VERSION,
+        Job,
+        ReplayStore,
+        run_jobs,
+    )
 
     seed_dir = release.path / f"seed{seed}"
     ctx = ReplaySeed(seed_dir, precision=REPLAY_PRECISION)
@@ -98,7 +105,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
            "measure": {"name": "behavior_prob", "prompts": cfg.curve_prompts,
                        "definition": "exact probability of the behavior token right after the "
                                      "teacher-forced correct answer, per held-out trigger prompt"},
-           "replay": {"mode": "batched", "precision": REPLAY_PRECISION, "threads": 1},
+           "replay": {"mode": "batched", "engine": REPLAY_ENGINE, "version": REPLAY_VERSION,
+                      "precision": REPLAY_PRECISION, "threads": 1},
            "machine": fingerprint(),
            "k_fractions": list(C.K_FRACTIONS), "n_random": n_random, "tasks": {}}
     if verify_exact:
@@ -128,9 +136,10 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         for pos in [p for lst in sets.values() for p in lst] + [p for lvl in rand for p in lvl]:
             if pos:
                 jobs.append(Job(seed, t, pos, W, nps))
+    offs = {b.id: Job(seed, b.id, (), b.window_end, nps, bonus_off=True) for b in cfg.behaviors}
     t0 = time.perf_counter()
-    run_jobs(store, release.manifest_sha256, jobs, workers, progress)
-    off = {b.id: _bonus_off(seed_dir, ctx, b.id, b.window_end) for b in cfg.behaviors}
+    run_jobs(store, release.manifest_sha256, jobs + list(offs.values()), workers, progress)
+    off = {t: store.result(j) for t, j in offs.items()}
     base = store.baseline(seed)
     out["baseline"] = {"responses_first_divergent_step": base["first_divergent_step"]}
     for b in cfg.behaviors:
@@ -170,14 +179,6 @@ def zlib_crc(text: str) -> int:
     import zlib
 
     return zlib.crc32(text.encode())
-
-
-def _bonus_off(seed_dir: Path, ctx, task: str, window_end: int) -> np.ndarray:
-    from benchmark.build.replay import replay
-
-    r = replay(seed_dir, stop_at=window_end, mode="batched", threads=1, measure_at=(window_end,),
-               sampled=False, bonus_off=task, context=ctx)
-    return np.asarray(r.measures[window_end]["prompt_probs"][task], np.float64)
 
 
 def install(release_dir: str | Path, data: dict[int, dict]) -> dict:
