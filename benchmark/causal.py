@@ -364,12 +364,12 @@ def plan_replays(release, scores: dict):
 
 def replays_pending(release, scores: dict) -> bool:
     """Whether :func:`causal_results` on ``scores`` would replay anything on this machine."""
-    from benchmark.replays import ReplayStore
+    from benchmark.replays import open_store
 
     planned = plan_replays(release, scores)
     if isinstance(planned, str):
         return False
-    store = ReplayStore(release.path, release.manifest_sha256)
+    store = open_store(release.path, release.manifest_sha256)
     return any(not store.has(j) for j in planned[2])
 
 
@@ -395,13 +395,13 @@ def causal_results(release, scores: dict, estimator: str,
         "not_run", "reason"}`` when the release ships no causal reference), and how many replays
         ran here and how long they took (not part of results: it depends on the cache).
     """
-    from benchmark.replays import Job, ReplayStore, run_jobs
+    from benchmark.replays import Job, open_store, run_jobs
 
     planned = plan_replays(release, scores)
     if isinstance(planned, str):
         return {"verdict": NOT_RUN, "reason": planned}, {}
     refs, plan, jobs = planned
-    store = ReplayStore(release.path, release.manifest_sha256)
+    store = open_store(release.path, release.manifest_sha256)
     timing = run_jobs(store, release.manifest_sha256, jobs, workers, progress, pool)
     bases: dict[int, dict] = {}
     curves: dict[tuple, dict] = {}

@@ -92,7 +92,7 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         REPLAY_PRECISION,
         REPLAY_VERSION,
         Job,
-        ReplayStore,
+        open_store,
         run_jobs,
     )
 
@@ -100,7 +100,7 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
     ctx = ReplaySeed(seed_dir, precision=REPLAY_PRECISION)
     cfg, nps, n = ctx.cfg, ctx.n_per_step, ctx.n_rollouts
     labels = release.labels(seed)
-    store = ReplayStore(release.path, release.manifest_sha256)
+    store = open_store(release.path, release.manifest_sha256)
     out = {"schema": C.CAUSAL_SCHEMA, "seed": seed, "n_rollouts": n, "n_per_step": nps,
            "measure": {"name": "behavior_prob", "prompts": cfg.curve_prompts,
                        "definition": "exact probability of the behavior token right after the "

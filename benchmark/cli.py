@@ -65,6 +65,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, nargs="+", help="score only these seeds (default: all)")
     p.add_argument("--tasks", nargs="+", help="score only these tasks (default: all)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_executor(p)
     p.add_argument("--no-causal", action="store_true",
                    help="skip the causal score (replays training; item 10)")
     _add_isolation_flags(p)
@@ -110,6 +111,7 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="wall-time limit of the estimator's sandbox (default 600)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_executor(p)
     p.set_defaults(func=lambda a: _submissions().submit_command(a))
     v = sub.add_parser("verify", help="re-score submissions and compare with their results.json")
     v.add_argument("paths", nargs="*", help="submission folders (default: every one)")
@@ -118,6 +120,7 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="wall-time limit of each estimator's sandbox (default 600)")
     v.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _add_executor(v)
     v.set_defaults(func=lambda a: _submissions().verify_command(a))
     lb = sub.add_parser("leaderboard", help="regenerate leaderboard/ from submissions/")
     lb.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
@@ -179,12 +182,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_executor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=("local", "ray"), default=None,
+                   help="where causal replays run: worker processes on this machine (local, "
+                        "default) or a Ray cluster (ray; needs the [cluster] extra; "
+                        "$RAY_ADDRESS names the cluster). Also $BT_BENCH_EXECUTOR")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bt-bench`` console script; returns the process exit code."""
+    import os
+
     from benchmark.errors import BenchmarkError
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "executor", None):  # a setting every replay of this command reads
+        from benchmark.replays import EXECUTOR_ENV
+
+        os.environ[EXECUTOR_ENV] = args.executor
     try:
         return int(args.func(args) or 0)
     except BenchmarkError as exc:

@@ -468,10 +468,11 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
     if not settings.causal:
         return None
     from benchmark.causal import replays_pending
+    from benchmark.replays import ReplayStore, WorkerPool, executor_name
 
-    if not replays_pending(rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}):
+    if executor_name() != "local" or not replays_pending(
+            rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}):
         return None
-    from benchmark.replays import ReplayStore, WorkerPool
 
     return WorkerPool(ReplayStore(rel.path, rel.manifest_sha256), rel.manifest_sha256, seeds)
 

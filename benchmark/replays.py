@@ -141,12 +141,18 @@ class ReplayStore:
     :data:`STATE_EVERY` steps) and ``<task>_<hash>.npy`` per removal (per-prompt measure).
     """
 
-    def __init__(self, release_path: Path, manifest_sha256: str, root: Path | None = None) -> None:
+    def __init__(self, release_path: Path, manifest_sha256: str, root: Path | None = None,
+                 machine: dict | None = None) -> None:
+        """Open the store of a release's replays made on ``machine``.
+
+        ``machine`` is the fingerprint of the machine that makes the replays (default: this one;
+        a cluster's for the Ray executor, :func:`benchmark.cluster.cluster_fingerprint`).
+        """
         from benchmark.machine import fingerprint
 
         self.release_path = Path(release_path)
         self.manifest_sha256 = manifest_sha256
-        fp = fingerprint()
+        fp = machine or fingerprint()
         key = hashlib.sha256(json.dumps({
             "manifest": manifest_sha256, "machine": fp["key"], "version": REPLAY_VERSION,
             "mode": REPLAY_MODE, "precision": REPLAY_PRECISION, "threads": REPLAY_THREADS,
@@ -185,6 +191,33 @@ class ReplayStore:
     def result(self, job: Job) -> np.ndarray:
         """The stored per-prompt probabilities of a removal (or bonus-off) job."""
         return np.load(self.path(job))
+
+
+def open_store(release_path: Path, manifest_sha256: str, executor: str | None = None
+               ) -> ReplayStore:
+    """The store replays of ``executor`` go to (keyed by the machine that makes them)."""
+    if executor_name(executor) == "ray":
+        from benchmark.cluster import cluster_fingerprint
+
+        return ReplayStore(release_path, manifest_sha256, machine=cluster_fingerprint())
+    return ReplayStore(release_path, manifest_sha256)
+
+
+def batch_start(release_path: Path, seed: int, jobs: list[Job]) -> int:
+    """The stored baseline state a seed's batch of ``jobs`` starts from.
+
+    The last state (every :data:`STATE_EVERY` steps) at or before the first step at which a
+    job leaves the baseline's trajectory: its first removed step, or its task's window start
+    for a bonus-off job.
+    """
+    from benchmark.build.presets import BuildConfig
+
+    cfg = BuildConfig.from_dict(json.loads(
+        (Path(release_path) / f"seed{seed}" / "config.json").read_text()))
+    starts = {b.id: b.window_start for b in cfg.behaviors}
+    joins = [min(starts[j.task], j.stop) if j.bonus_off else j.first_step
+             for j in jobs if j.task is not None]
+    return (min(joins, default=0) // STATE_EVERY) * STATE_EVERY
 
 
 def _atomic(path: Path, write) -> None:
@@ -275,7 +308,7 @@ def run_batch_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
         _atomic(store.path(base_job), lambda p: __import__("torch").save(out, p))
         start = 0
     else:
-        start = (min((m.join for m in members), default=0) // STATE_EVERY) * STATE_EVERY
+        start = batch_start(store.release_path, seed, todo)
         if not members:
             return {"seed": seed, "jobs": 0, "start": start, "slice_steps": 0,
                     "seconds": time.perf_counter() - t0}
