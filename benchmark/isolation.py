@@ -976,10 +976,6 @@ def inspect_isolated(estimator_file: Path, limits: Limits | None = None, *,
         return out.meta | {"sha256": ws.sha256}
 
 
-#: what :func:`smoke_isolated` reports
-SMOKE_STAGES = ("ok", "core", "import", "timeout", "crash")
-
-
 def _smoke_report(out: _Outcome, spec: dict, name: str, limits: Limits) -> dict:
     """The smoke test's report, checked field by field, or a timeout/crash naming what ended it.
 

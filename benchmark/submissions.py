@@ -180,16 +180,21 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
     return out
 
 
-def _plain_text(text: str, what: str, expected: str) -> None:
+def _plain_text(text: str, what: str, expected: str,
+                fix: str = "remove them (bidirectional overrides, zero-width and line-separator "
+                           "characters are refused too)") -> None:
     """Refuse control, format and line-separator characters (they reach the leaderboard)."""
     bad = unsafe_characters(text)
     if bad:
         shown = repr(text) if len(text) <= 120 else repr(text[:117]) + "..."
         raise SubmissionError(
             f"{what} {shown} contains control or format characters ({', '.join(bad[:5])}); "
-            f"expected {expected}: remove them (bidirectional overrides, zero-width and "
-            "line-separator characters are refused too)."
+            f"expected {expected}: {fix}."
         )
+
+
+_REGENERATE = ("bt-bench never writes them, so the file was edited: regenerate it with bt-bench "
+               "submit FILE --name NAME --force")
 
 
 def check_results_text(results: object, where: str, _path: str = "") -> None:
@@ -205,15 +210,13 @@ def check_results_text(results: object, where: str, _path: str = "") -> None:
         for k, v in results.items():
             sub = f"{_path}.{k}" if _path else str(k)
             if isinstance(k, str) and unsafe_characters(k):
-                _plain_text(k, f"{where}: the key {sub!r}", "plain text")
+                _plain_text(k, f"{where}: the key {sub!r}", "plain text", _REGENERATE)
             check_results_text(v, where, sub)
     elif isinstance(results, list):
         for i, v in enumerate(results):
             check_results_text(v, where, f"{_path}.{i}" if _path else str(i))
     elif isinstance(results, str) and unsafe_characters(results):
-        _plain_text(results, f"{where}: {_path}",
-                    "plain text as bt-bench writes it (regenerate the file with bt-bench submit "
-                    "FILE --name NAME --force)")
+        _plain_text(results, f"{where}: {_path}", "plain text", _REGENERATE)
 
 
 def _dump_metadata(meta: dict[str, Any]) -> str:

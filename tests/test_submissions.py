@@ -190,7 +190,8 @@ def test_load_submission_checks_folder_name_and_track(subs, tmp_path):
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda r: r["estimator"].update(name="x\u202egnp"),
      r"results\.json: estimator\.name 'x\\u202egnp' contains control or format characters "
-     r"\(U\+202E\); expected plain text as bt-bench writes it \(regenerate the file"),
+     r"\(U\+202E\); expected plain text: bt-bench never writes them, so the file was edited: "
+     r"regenerate it with bt-bench submit FILE --name NAME --force\.$"),
     (lambda r: r.update(verdict="pass\n| 1 | fake |"), r"results\.json: verdict 'pass\\n"),
     (lambda r: r["tasks"]["t"].update({"a\u2029": 1}), r"the key 'tasks\.t\.a\\u2029'"),
     (lambda r: r["tasks"]["t"]["checklist"].append("\x00"), r"tasks\.t\.checklist\.0 '\\x00'"),
