@@ -10,6 +10,9 @@ The evaluator never trusts the sandbox: :class:`Reader` refuses a frame whose de
 is over its bound before reading the payload, an array whose key was not asked for or came
 twice, and an ``.npy`` payload whose header is not a plain numeric 1-D array of exactly the
 expected length (checked before anything is allocated; no pickles, no object arrays).
+
+Importing this module needs the standard library only (numpy is imported where arrays are
+handled): the sandboxed child reports *ready* before its site-packages are on its path.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import io
 import json
 import os
 import struct
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 HEADER = struct.Struct("<cI")
 TAG_JSON, TAG_ARRAY = b"J", b"A"
@@ -52,6 +57,8 @@ def send_json(fd: int, obj: dict) -> None:
 
 def send_array(fd: int, key: str, arr: np.ndarray) -> None:
     """Send one score array under ``key``."""
+    import numpy as np
+
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
     k = key.encode("ascii")
@@ -100,6 +107,8 @@ def decode_npy(payload: bytes, n: int) -> np.ndarray:
         ChannelError: bad magic or header, a non-numeric or structured dtype, another shape, or
             a payload size that does not match the header.
     """
+    import numpy as np
+
     fh = io.BytesIO(payload)
     try:
         version = np.lib.format.read_magic(fh)

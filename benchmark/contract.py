@@ -258,7 +258,13 @@ def config_problem(config: object) -> str:
 
 
 def validate_scores(scores: object, n: int, who: str, what: str) -> np.ndarray:
-    """Return ``scores`` as float64 ``(n,)`` or raise naming the estimator and the problem."""
+    """Return ``scores`` as float64 ``(n,)`` or raise naming the estimator and the problem.
+
+    Scores are real numbers: floats, integers or booleans (a list or a torch tensor of them is
+    converted). Refused: objects, strings, complex numbers, ``timedelta64``/``datetime64`` (numpy
+    counts timedelta64 among the integers), and masked arrays (converting one would drop its
+    mask silently).
+    """
     if not isinstance(scores, np.ndarray):
         try:
             import torch
@@ -267,10 +273,14 @@ def validate_scores(scores: object, n: int, who: str, what: str) -> np.ndarray:
                 scores = scores.detach().cpu().numpy()
         except ImportError:  # pragma: no cover
             pass
+    if isinstance(scores, np.ma.MaskedArray):
+        raise EstimatorContractError(
+            f"{who}.{what} returned a masked array (numpy.ma.MaskedArray); return a numeric "
+            f"numpy array of shape ({n},) (a mask is not kept: fill the masked entries with the "
+            "scores they should have, e.g. scores.filled(value))."
+        )
     arr = np.asarray(scores)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating)
-                                   or np.issubdtype(arr.dtype, np.integer)
-                                   or arr.dtype == np.bool_):
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise EstimatorContractError(
             f"{who}.{what} returned dtype {arr.dtype}; return a numeric numpy array of shape "
             f"({n},)."

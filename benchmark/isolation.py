@@ -23,6 +23,9 @@ config; ``score``: score every view and draw) the evaluator
    process tree at the end of every run, and removes every temporary folder on every exit path,
    signals included.
 
+The same sandbox runs a submission environment's smoke test (:func:`smoke_isolated`): the
+environment's interpreter imports the core and every requirement there, never in the evaluator.
+
 Determinism is checked from outside: a second, fresh sandbox re-scores the first seed's rollout
 and step views (and its first draw when the estimator scores draws) and the arrays must match
 byte for byte. A crash, a timeout, a limit, a refused access or a malformed result ends in an
@@ -58,7 +61,8 @@ from benchmark.untrusted import clean_text, quote
 from benchmark.view_io import Views, assemble, export_views, load_views, score_calls
 
 __all__ = ["INSIDE_VIEW", "IsolationError", "Limits", "Views", "assemble", "export_views",
-           "inspect_isolated", "load_views", "score_calls", "score_isolated", "validate_meta"]
+           "inspect_isolated", "load_views", "score_calls", "score_isolated", "smoke_isolated",
+           "validate_meta"]
 #: where the view folder appears inside the sandbox
 INSIDE_VIEW = "/bt-bench/view"
 #: output of the estimator past which it is stopped; the last OUTPUT_TAIL characters are shown
@@ -219,14 +223,16 @@ def _remove_stale() -> None:
 class _Workspace:
     """The private folders of one inspect/score and the list of what the sandbox may read."""
 
-    def __init__(self, estimator_file: Path, views: Views | None, forbidden: list[Path],
+    def __init__(self, estimator_file: Path | None, views: Views | None, forbidden: list[Path],
                  limits: Limits, python: str | None, extra_read_only: Iterable[str | Path],
-                 plat: sandbox.Platform) -> None:
-        self.estimator = Path(estimator_file).absolute()
-        self.name = self.estimator.name
+                 plat: sandbox.Platform, name: str = "") -> None:
+        self.estimator = Path(estimator_file).absolute() if estimator_file else None
+        self.name = name or (self.estimator.name if self.estimator else "")
         self.limits, self.plat, self.views = limits, plat, views
         self.full = plat.full
         self.uid = sandbox.sandbox_uid() if self.full else None
+        if self.uid is not None:
+            _require_reachable_tmp()
         _remove_stale()
         tag = f"{TEMP_PREFIX}{os.getpid()}-"
         self.tmp = Path(tempfile.mkdtemp(prefix=tag))
@@ -242,8 +248,8 @@ class _Workspace:
         import benchmark
         import estimators
 
-        copy = self.tmp / "estimator" / self.name
-        self.sha256 = _copy_estimator(self.estimator, copy)
+        copy = self.tmp / "estimator" / (self.estimator.name if self.estimator else "none")
+        self.sha256 = _copy_estimator(self.estimator, copy) if self.estimator else None
         self.scratch = self.tmp / "scratch"  # the writable folder without bubblewrap
         self.scratch.mkdir()
         view_dir = self.tmp / "view"
@@ -280,12 +286,14 @@ class _Workspace:
         extra = [str(Path(p).absolute()) for p in extra_read_only]
         # (host source, path inside)
         binds = [(p, p) for p in [*py_paths, *pkgs, *data, *extra]]
-        binds += [(str(copy), str(self.estimator))]
+        if self.estimator:
+            binds += [(str(copy), str(self.estimator))]
         if self.views:
             binds.append((str(view_dir), INSIDE_VIEW))
         _refuse_label_exposure([s for s, _ in binds], forbidden, data)
         self.view_inside = INSIDE_VIEW if self.full else str(view_dir)
-        self.estimator_inside = str(self.estimator) if self.full else str(copy)
+        self.estimator_inside = "" if not self.estimator else \
+            str(self.estimator) if self.full else str(copy)
         system = sandbox.host_system_entries()
         self.symlinks = [(s, d) for k, s, d in system if k == "symlink"]
         binds = [(s, d) for k, s, d in system if k == "bind"] + \
@@ -339,6 +347,29 @@ def _normalise(binds: list[tuple[str, str]]) -> list[tuple[str, str]]:
         if not covered:
             out.append((src, dst))
     return out
+
+
+def _require_reachable_tmp() -> None:
+    """Refuse a temporary folder the sandbox's fresh uid cannot reach (bt-bench runs as root).
+
+    The launcher stages every bound path the fresh uid could not reach on a mount point in a
+    folder under ``$TMPDIR``; bubblewrap, already running as that uid, must reach that folder.
+    Under a ``0700`` folder (``TMPDIR=/root/tmp``) it could not, and bubblewrap would fail with
+    "Can't find source path ...: Permission denied".
+    """
+    base = Path(tempfile.gettempdir()).absolute()
+    for folder in [*list(base.parents)[::-1], base]:
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError:
+            continue
+        if not mode & 0o001:
+            raise IsolationError(
+                f"the estimator sandbox runs as a fresh unprivileged uid (bt-bench runs as "
+                f"root) that cannot reach the temporary folder {base}: {folder} has mode "
+                f"{stat.S_IMODE(mode):04o}, without search permission for other users. Fix: "
+                "point TMPDIR at a folder every user can traverse (e.g. export TMPDIR=/tmp), "
+                f"or chmod o+x {folder}.")
 
 
 def _require_world_readable(paths: list[str]) -> None:
@@ -419,6 +450,8 @@ class _Outcome:
     output: bytes = b""
     output_bytes: int = 0
     protections: dict = field(default_factory=dict)
+    started: bool = False  # the sandboxed process said it was ready
+    smoke: object = None  # the smoke test's report (mode "smoke"), unchecked
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -433,9 +466,10 @@ class _Run:
     """One sandboxed child process: start, exchange frames under the deadline, stop, clean up."""
 
     def __init__(self, ws: _Workspace, mode: str, subset: bool, deadline: float,
-                 seccomp_fds: list[int], seccomp_summary: str) -> None:
+                 seccomp_fds: list[int], seccomp_summary: str, smoke: dict | None = None) -> None:
         self.ws, self.mode, self.subset, self.deadline = ws, mode, subset, deadline
         self.seccomp_fds, self.seccomp_summary = seccomp_fds, seccomp_summary
+        self.smoke = smoke
         self.out = _Outcome()
 
     # -- start ---------------------------------------------------------------------------------
@@ -456,8 +490,11 @@ class _Run:
         cfg = {"mode": self.mode, "subset": self.subset, "channel": chan_w, "go": go_r,
                "estimator": ws.estimator_inside, "view": ws.view_inside, "fallback": not ws.full,
                "read": ws.read_inside if ws.full else ws.read_host,
-               "write": ["/tmp", "/dev"] if ws.full else [str(ws.scratch), "/dev"]}
-        child = [ws.python, "-B", "-P", "-m", "benchmark.isolation_child", json.dumps(cfg)]
+               "write": ["/tmp", "/dev"] if ws.full else [str(ws.scratch), "/dev"],
+               "smoke": self.smoke}
+        # -S: the site-packages (their .pth files, sitecustomize, a submission environment's
+        # requirements) are added by the child only after Landlock and the check from outside
+        child = [ws.python, "-B", "-P", "-S", "-m", "benchmark.isolation_child", json.dumps(cfg)]
         rlimits = {"RLIMIT_AS": lim.memory_bytes, "RLIMIT_CORE": 0}
         if ws.uid is not None:  # a fresh uid: RLIMIT_NPROC counts exactly this tree
             rlimits["RLIMIT_NPROC"] = lim.max_processes + (16 if "pids" in tree.process_mode
@@ -637,11 +674,19 @@ class _Run:
                 os.write(self.go_w, b"g")
             except OSError:  # the sandboxed process is gone; its exit is reported
                 return True
+            self.out.started = True
             self.state = "meta"
             return False
         if msg["type"] == "error":
             self.out.error = msg
             return True
+        if self.state == "meta" and self.mode == "smoke":
+            if msg["type"] != "smoke":
+                self.out.channel_error = "a message came before the smoke test's report"
+                return True
+            self.out.smoke = msg.get("result")
+            self.state = "scores"
+            return False
         if self.state == "meta":
             if msg["type"] != "meta":
                 self.out.channel_error = "a message came before the estimator's metadata"
@@ -761,6 +806,28 @@ def _output_tail(out: _Outcome) -> str:
                        "text, cleaned)", OUTPUT_TAIL, keep="tail")
 
 
+def _start_failure(out: _Outcome, name: str) -> str:
+    """Why the sandbox never became ready, when bubblewrap or the launcher said so ("" else).
+
+    Before *ready* only bt-bench's launcher, bubblewrap and the interpreter's start (without
+    site-packages) have run, so their last line is shown as the reason.
+    """
+    if out.started or out.timed_out:
+        return ""
+    text = out.output.decode("utf-8", "replace")
+    said = [ln for ln in text.splitlines()
+            if ln.startswith(("bwrap: ", "bt-bench sandbox launcher: "))]
+    if not said:
+        return ""
+    line = clean_text(said[-1], 500, multiline=False)
+    hint = ("the sandbox's unprivileged user cannot read that path: make it and every folder "
+            "above it readable by other users (chmod o+rx), or keep it (TMPDIR, the "
+            "BT_BENCH_CACHE folder, the release) in a folder every user can traverse"
+            if "Permission denied" in line
+            else f"check the sandbox's setup: {sandbox.INSTALL_HINT}")
+    return (f"the sandbox for {name} could not start ({line}); nothing ran in it. Fix: {hint}.")
+
+
 def _raise_for(out: _Outcome, name: str, limits: Limits) -> None:
     """Raise the error an unsuccessful outcome deserves (nothing when it is complete)."""
     from benchmark.contract import EstimatorContractError
@@ -769,6 +836,9 @@ def _raise_for(out: _Outcome, name: str, limits: Limits) -> None:
     gib = f"{limits.memory_bytes / 2**30:.1f} GiB"
     if out.refused_sandbox:
         raise IsolationError(out.refused_sandbox)
+    start = _start_failure(out, name)
+    if start:
+        raise IsolationError(start)
     if out.exception is not None:
         raise type(out.exception)(f"estimator {name}: {out.exception}" + tail)
     if out.timed_out:
@@ -847,7 +917,9 @@ def _signals_end_cleanly() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _run(ws: _Workspace, mode: str, subset: bool, deadline: float) -> _Outcome:
+def _outcome(ws: _Workspace, mode: str, subset: bool, deadline: float,
+             smoke: dict | None = None) -> _Outcome:
+    """One sandboxed run (with the seccomp filters when bubblewrap runs), as it ended."""
     fds: list[int] = []
     summary = ""
     if ws.full:
@@ -855,10 +927,14 @@ def _run(ws: _Workspace, mode: str, subset: bool, deadline: float) -> _Outcome:
 
         fds, summary = seccomp.build_filters()
     try:
-        out = _Run(ws, mode, subset, deadline, fds, summary).run()
+        return _Run(ws, mode, subset, deadline, fds, summary, smoke).run()
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _run(ws: _Workspace, mode: str, subset: bool, deadline: float) -> _Outcome:
+    out = _outcome(ws, mode, subset, deadline)
     try:
         _raise_for(out, ws.name, ws.limits)
     except BenchmarkError as exc:
@@ -898,6 +974,84 @@ def inspect_isolated(estimator_file: Path, limits: Limits | None = None, *,
         if out.meta is None:  # pragma: no cover - _raise_for covers every way to get here
             raise IsolationError(f"estimator {ws.name}: no metadata came back.")
         return out.meta | {"sha256": ws.sha256}
+
+
+def _smoke_report(out: _Outcome, spec: dict, name: str, limits: Limits) -> dict:
+    """The smoke test's report, checked field by field, or a timeout/crash naming what ended it.
+
+    The report comes from the environment's own process, where its requirements ran: only its
+    form is trusted (a stage, a known step, a pin and module that were asked for), its text is
+    cleaned.
+    """
+    from benchmark.requirements import SMOKE_STEPS
+
+    if out.refused_sandbox:
+        raise IsolationError(out.refused_sandbox)
+    start = _start_failure(out, name)
+    if start:
+        raise IsolationError(start)
+    tail = clean_text(out.output.decode("utf-8", "replace"), 4000, keep="tail")
+    if out.timed_out:
+        return {"stage": "timeout", "error": tail}
+    r = out.smoke
+    if out.done and isinstance(r, dict) and isinstance(r.get("error", ""), str):
+        stage, error = r.get("stage"), clean_text(r.get("error", ""), 16000, keep="tail")
+        if stage == "ok" and set(r) == {"stage"}:
+            return {"stage": "ok"}
+        if stage == "core" and r.get("step") in SMOKE_STEPS and set(r) == {"stage", "step",
+                                                                           "error"}:
+            return {"stage": "core", "step": r["step"], "error": error}
+        modules = spec["modules"].get(r.get("pin"), []) if isinstance(r.get("pin"), str) else []
+        if stage == "import" and r.get("module") in modules and \
+                set(r) == {"stage", "pin", "module", "error"}:
+            return {"stage": "import", "pin": r["pin"], "module": r["module"], "error": error}
+    gib = f"{limits.memory_bytes / 2**30:.1f} GiB"
+    if out.oom or out.stopped == "memory":
+        how = f"it ran out of memory under the sandbox's limit of {gib}"
+    elif out.stopped == "processes" or out.pids_refused:
+        how = f"it reached the sandbox's limit of {limits.max_processes} processes"
+    elif out.stopped == "output":
+        how = f"it printed more than {OUTPUT_STOP >> 20} MiB"
+    elif out.channel_error or out.exception is not None or out.done:
+        how = "it sent a malformed report: " + clean_text(
+            out.channel_error or str(out.exception or "not the expected fields"), 300)
+    elif out.error is not None:
+        how = "its interpreter failed while adding the site-packages: " + clean_text(
+            out.error.get("message", ""), 2000)
+        tail = clean_text(out.error.get("traceback", ""), 8000, keep="tail") + "\n" + tail
+    else:
+        rc = out.returncode
+        how = ("the interpreter was killed by a signal" if rc is None or rc < 0 or rc >= 128
+               else f"the interpreter exited with code {rc}")
+    return {"stage": "crash", "how": how, "error": tail}
+
+
+def smoke_isolated(spec: dict, limits: Limits | None = None, *, python: str | None = None,
+                   extra_read_only: Iterable[str | Path] = ()) -> dict:
+    """Run a submission environment's smoke test in the estimator sandbox; return its report.
+
+    Args:
+        spec: ``{"modules": {pin: [module, ...]}, "core_only": bool}``, what
+            :func:`benchmark.requirements.smoke_inside` checks.
+        limits: the sandbox's limits (the wall time bounds the whole test).
+        python, extra_read_only: the environment's interpreter and folders, as in
+            :func:`inspect_isolated` (default: bt-bench's own interpreter).
+
+    Returns:
+        ``{"stage": "ok"}``; ``{"stage": "core", "step", "error"}``; ``{"stage": "import",
+        "pin", "module", "error"}``; ``{"stage": "timeout", "error"}``; or ``{"stage":
+        "crash", "how", "error"}`` (``error``: cleaned text, a traceback or the output's tail).
+
+    Raises:
+        IsolationError: the sandbox could not start or did not come up as specified.
+    """
+    limits = limits or Limits()
+    deadline = time.monotonic() + limits.wall_seconds
+    plat = _platform()
+    name = "the requirements' smoke test"
+    with _signals_end_cleanly(), _Workspace(None, None, [], limits, python, extra_read_only,
+                                            plat, name=name) as ws:
+        return _smoke_report(_outcome(ws, "smoke", False, deadline, spec), spec, name, limits)
 
 
 def score_isolated(

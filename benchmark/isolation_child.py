@@ -1,11 +1,15 @@
-"""The sandboxed side of :mod:`benchmark.isolation` (``python -m benchmark.isolation_child CFG``).
+"""The sandboxed side of :mod:`benchmark.isolation`: ``python -S -m benchmark.isolation_child CFG``.
 
 In order: apply the inner layers (Landlock; without bubblewrap also an empty network namespace),
 tell the evaluator it is ready and wait for its go (it checks the sandbox from outside first),
-load the estimator, send its declared metadata, then score the calls of
-:func:`benchmark.view_io.score_calls` one by one, sending each array as soon as it exists.
-Everything goes through the result channel (:mod:`benchmark.channel`); stdout and stderr belong
-to the estimator. Nothing written here is trusted by the evaluator.
+only then add the site-packages (the interpreter starts with ``-S``, so no ``.pth`` file,
+``sitecustomize`` or requirement of a submission environment has run before this point), then
+either load the estimator, send its declared metadata and score the calls of
+:func:`benchmark.view_io.score_calls` one by one, sending each array as soon as it exists, or
+(mode ``smoke``) run a submission environment's smoke test
+(:func:`benchmark.requirements.smoke_inside`) and send its report. Everything goes through the
+result channel (:mod:`benchmark.channel`); stdout and stderr belong to the estimator. Nothing
+written here is trusted by the evaluator.
 """
 
 from __future__ import annotations
@@ -27,6 +31,22 @@ def _apply_layers(cfg: dict) -> dict:
     if cfg["fallback"]:
         return sandbox.apply_fallback(cfg["read"], cfg["write"])
     return {"landlock": sandbox.apply_landlock(cfg["read"], cfg["write"])}
+
+
+def enable_site() -> None:
+    """Add the site-packages now: their ``.pth`` files and ``sitecustomize`` run from here on.
+
+    The interpreter was started with ``-S`` so that this happens after Landlock and after the
+    evaluator checked the sandbox. Processes started the way this one was (multiprocessing's
+    spawn and forkserver copy the interpreter's flags) get their site-packages back: ``-S`` is
+    dropped from the flags they copy.
+    """
+    import site
+    import subprocess
+
+    site.main()
+    flags = subprocess._args_from_interpreter_flags
+    subprocess._args_from_interpreter_flags = lambda: [a for a in flags() if a != "-S"]
 
 
 def load_and_describe(path: str) -> tuple[object, dict]:
@@ -97,6 +117,13 @@ def main(argv: list[str]) -> int:  # pragma: no cover - runs inside the sandbox
         return 1
     os.close(cfg["go"])
     try:
+        enable_site()
+        if cfg["mode"] == "smoke":
+            from benchmark.requirements import smoke_inside
+
+            send_json(fd, {"type": "smoke", "result": smoke_inside(cfg["smoke"])})
+            send_json(fd, {"type": "done"})
+            return 0
         loaded, meta = load_and_describe(cfg["estimator"])
         send_json(fd, {"type": "meta", "meta": meta})
         if cfg["mode"] == "score":

@@ -10,14 +10,23 @@ They are installed into a per-submission virtual environment created with
 transformers, numpy, ...) are shared from there and a requirement can never replace one (naming a
 core package, or any package installed as a dependency of one, is an error). The environment is
 cached under ``$BT_BENCH_CACHE/envs/<key>/`` (default ``~/.cache/bt-bench``), keyed by the pins,
+where pip takes wheels from (extra pip options, ``PIP_*`` index variables, pip's config files),
 the core packages' versions and the interpreter, reused when present and intact, and built in a
 temporary folder that is renamed into place only after it passed its smoke test: a failed or
-interrupted install never leaves a half-built environment.
+interrupted install never leaves a half-built environment. The marker file records the name and
+sha256 of every wheel installed.
 
-The smoke test runs in the new environment's interpreter: it imports torch and transformers and
-loads a tiny Qwen2 model with ``AutoModelForCausalLM`` (the way estimators load checkpoints), then
-imports every top-level module of every requirement. A failure names the requirement that broke
-which core package, the last lines of the error and the fix.
+A requirement is code from a stranger, like the estimator (docs/isolation.md, "Requirements"):
+none of its code ever runs outside the estimator sandbox. Installing a wheel runs none of its
+code (pip unpacks files, byte-compiles the ``.py`` files, which parses them and runs nothing,
+and writes entry-point scripts that nothing runs); a wheel that would replace a file of the
+environment itself (its interpreter link, ``pyvenv.cfg``) is refused. The smoke test runs in
+the sandbox (:func:`benchmark.isolation.smoke_isolated`) with the new environment's interpreter:
+it imports torch and transformers and loads a tiny Qwen2 model with ``AutoModelForCausalLM``
+(the way estimators load checkpoints), then imports every top-level module of every requirement.
+A failure names the requirement that broke which core package, the last lines of the error and
+the fix. Its report is the requirements' own word (they run in the same process): it serves the
+error messages, never security; the installed versions are read from the wheels' metadata.
 
 Example:
     >>> from benchmark.requirements import ensure_env                    # doctest: +SKIP
@@ -53,6 +62,7 @@ __all__ = [
     "env_key",
     "parse_requirements",
     "refuse_in_process",
+    "smoke_inside",
 ]
 
 #: packages bt-bench itself pins (its dependencies and test extras, and itself): a submission can
@@ -61,7 +71,7 @@ CORE_PACKAGES = ("bt-bench", "torch", "transformers", "numpy", "datasets", "hugg
                  "scikit-learn", "tabulate", "tqdm", "safetensors", "pyarrow", "pyyaml",
                  "matplotlib", "scipy")
 #: bump when the layout of an environment changes (invalidates every cached one)
-ENV_FORMAT = 1
+ENV_FORMAT = 2
 #: the file written last into a finished environment (its presence marks it intact)
 MARKER = "bt-bench-env.json"
 #: pip's own time limit for one install
@@ -70,9 +80,16 @@ PIP_TIMEOUT = 1800
 SMOKE_TIMEOUT = 300
 #: lines of an error shown in a message
 TAIL_LINES = 12
+#: the smoke test's steps before the requirements are imported (``smoke_inside``'s ``step``)
+SMOKE_STEPS = ("import torch", "import transformers",
+               "load a Qwen2 model with AutoModelForCausalLM")
+#: the environment variables through which pip chooses where wheels come from
+PIP_SOURCE_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX",
+                        "PIP_CONFIG_FILE")
 
-_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
-_PIN_RE = re.compile(r"^\s*(?P<name>[^=<>!~\s\[;@]+)\s*==\s*(?P<version>[^\s=;]+)\s*$")
+# matched in full (fullmatch): ``$`` would accept a final newline
+_NAME_RE = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]")
+_PIN_RE = re.compile(r"\s*(?P<name>[^=<>!~\s\[;@]+)\s*==\s*(?P<version>[^\s=;]+)\s*")
 _EXAMPLE = "kronfluence==1.0.1"
 
 
@@ -100,10 +117,10 @@ def _pin_problem(item: str) -> str:
         return "environment markers are not allowed"
     if "[" in s or "]" in s:
         return "extras are not allowed (pin every package the extra needs instead)"
-    m = _PIN_RE.match(s)
+    m = _PIN_RE.fullmatch(s)
     if m is None:
         return "it does not pin an exact version with =="
-    if not _NAME_RE.match(m["name"]):
+    if not _NAME_RE.fullmatch(m["name"]):
         return f"{m['name']!r} is not a valid package name"
     version = m["version"]
     if "*" in version or "," in version:
@@ -150,7 +167,7 @@ def parse_requirements(value: object, where: str = "submission.yaml") -> list[st
                 f"name==version of a wheel on PyPI, e.g. {_EXAMPLE} (find the version with "
                 "pip index versions NAME)."
             )
-        m = _PIN_RE.match(item)
+        m = _PIN_RE.fullmatch(item)
         name = canonical_name(m["name"])
         if name in CORE_PACKAGES:
             raise RequirementError(
@@ -229,12 +246,40 @@ def _core_site_dirs() -> list[str]:
     return [d for d in site.getsitepackages() if d not in base and Path(d).is_dir()]
 
 
-def env_key(pins: Sequence[str]) -> str:
-    """Cache key of an environment: sha256 of the pins, core versions and the interpreter."""
+def _pip_config_files() -> list[Path]:
+    """The configuration files of pip that exist (they may name another index)."""
+    home = Path.home()
+    xdg_dirs = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
+    xdg_home = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    paths = [Path(os.environ["PIP_CONFIG_FILE"])] if os.environ.get("PIP_CONFIG_FILE") else []
+    paths += [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d] + [Path("/etc/pip.conf")]
+    paths += [home / ".pip" / "pip.conf", xdg_home / "pip" / "pip.conf"]
+    return [p for p in paths if p.is_file()]
+
+
+def package_source(pip_args: Sequence[str] = ()) -> dict:
+    """Where pip takes the wheels from: extra options, ``PIP_*`` index variables, config files.
+
+    Part of the cache key: the same pins from another index or a local wheel folder (a test's,
+    or a forged one) get an environment of their own, never one built from the other source.
+    """
+    config = {}
+    for f in _pip_config_files():
+        try:
+            config[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+        except OSError:
+            config[str(f)] = "unreadable"
+    return {"pip_args": list(pip_args),
+            "env": {k: os.environ[k] for k in PIP_SOURCE_VARIABLES if k in os.environ},
+            "config": config}
+
+
+def env_key(pins: Sequence[str], pip_args: Sequence[str] = ()) -> str:
+    """Cache key of an environment: sha256 of the pins, their source, the core and interpreter."""
     payload = {
         "format": ENV_FORMAT, "pins": sorted(pins), "core": _core_versions(),
         "python": sys.version, "executable": os.path.realpath(sys.executable),
-        "site": _core_site_dirs(),
+        "site": _core_site_dirs(), "source": package_source(pip_args),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -265,19 +310,21 @@ class SubmissionEnv:
     Attributes:
         prefix: the environment's folder.
         requirements: the canonical pins installed in it.
-        versions: ``(name, version)`` of every pin as installed (read back after installing).
+        versions: ``(name, version)`` of every pin as installed (read from the wheels' metadata).
         core_site_dirs: site folders of bt-bench's interpreter the environment adds to its path
             (only when bt-bench runs in a virtual environment itself).
+        wheels: ``(file name, sha256)`` of every wheel installed, as pip reported them.
     """
 
     prefix: Path
     requirements: tuple[str, ...]
     versions: tuple[tuple[str, str], ...]
     core_site_dirs: tuple[str, ...] = ()
+    wheels: tuple[tuple[str, str], ...] = ()
 
     @property
     def python(self) -> Path:
-        """The environment's interpreter."""
+        """The environment's interpreter (run only inside the sandbox)."""
         return self.prefix / "bin" / "python"
 
     def sandbox_kwargs(self) -> dict:
@@ -295,24 +342,42 @@ def _site_packages(prefix: Path) -> Path:
         "site-packages"
 
 
-def _installed_files(site_dir: Path) -> dict[str, list[str]]:
-    """Canonical distribution name -> files it installed (paths relative to ``site_dir``)."""
-    out: dict[str, list[str]] = {}
-    for info in site_dir.glob("*.dist-info"):
+@dataclass(frozen=True)
+class _Dist:
+    """One ``*.dist-info`` folder: the version METADATA states and the files RECORD lists."""
+
+    info: str
+    version: str
+    files: list[str]
+
+
+def _installed(site_dir: Path) -> dict[str, list[_Dist]]:
+    """Canonical distribution name -> its dist-info folders (read as text, nothing imported)."""
+    out: dict[str, list[_Dist]] = {}
+    for info in sorted(site_dir.glob("*.dist-info")):
         meta = info / "METADATA"
-        name = None
+        fields: dict[str, str] = {}
         if meta.is_file():
             for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
-                if line.lower().startswith("name:"):
-                    name = canonical_name(line.split(":", 1)[1].strip())
-                    break
-        if name is None:
+                if not line.strip():
+                    break  # the headers end at the first empty line
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip().lower(), value.strip())
+        if "name" not in fields:
             continue
         record = info / "RECORD"
         rows = record.read_text(encoding="utf-8", errors="replace").splitlines() \
             if record.is_file() else []
-        out[name] = [r.split(",", 1)[0] for r in rows if r.strip()]
+        out.setdefault(canonical_name(fields["name"]), []).append(
+            _Dist(info.name, fields.get("version", ""),
+                  [r.split(",", 1)[0] for r in rows if r.strip()]))
     return out
+
+
+def _installed_files(site_dir: Path) -> dict[str, list[str]]:
+    """Canonical distribution name -> files it installed (paths relative to ``site_dir``)."""
+    return {name: [f for d in dists for f in d.files]
+            for name, dists in _installed(site_dir).items()}
 
 
 def _top_level(files: Iterable[str]) -> list[str]:
@@ -398,12 +463,14 @@ def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
     """The cached environment at ``target`` when it is complete and matches ``pins``."""
     try:
         marker = json.loads((target / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        env = SubmissionEnv(target, tuple(marker["requirements"]),
+                            tuple((str(n), str(v)) for n, v in marker["versions"]),
+                            tuple(_core_site_dirs()),
+                            tuple((str(f), str(h)) for f, h in marker["wheels"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    env = SubmissionEnv(target, tuple(marker.get("requirements", [])),
-                        tuple((str(n), str(v)) for n, v in marker.get("versions", [])),
-                        tuple(marker.get("core_site_dirs", [])))
-    if list(env.requirements) != pins or not env.python.exists():
+    if marker.get("format") != ENV_FORMAT or list(env.requirements) != pins \
+            or not env.python.is_symlink():
         return None
     installed = _installed_files(_site_packages(target))
     if any(p.split("==", 1)[0] not in installed for p in pins):
@@ -421,7 +488,8 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
         cache: the cache folder (default :func:`benchmark.replays.cache_root`); environments live
             in its ``envs/`` folder.
         pip_args: extra ``pip install`` options (e.g. ``["--no-index", "--find-links", DIR]``
-            for an offline wheel folder).
+            for an offline wheel folder; ``PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR`` in the
+            environment do the same for the CLI). Part of the cache key.
         where: how to name the requirements' source in error messages.
         log: called with one line of progress text (default: silent).
 
@@ -430,8 +498,11 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
 
     Raises:
         RequirementError: a malformed pin, a package the core environment provides, a pin pip
-            cannot install as a wheel, or an environment that fails its smoke test (a requirement
-            that breaks torch or transformers, or one that cannot be imported).
+            cannot install as a wheel, a wheel that replaces a file of the environment itself,
+            or an environment that fails its smoke test (a requirement that breaks torch or
+            transformers, or one that cannot be imported).
+        IsolationError: the sandbox of the smoke test cannot start (e.g. its unprivileged user
+            cannot reach the temporary folder).
     """
     from benchmark.replays import cache_root
 
@@ -453,7 +524,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
     envs = (Path(cache) if cache is not None else cache_root()).absolute() / "envs"
     envs.mkdir(parents=True, exist_ok=True)
     _remove_stale(envs)
-    key = env_key(pins)
+    key = env_key(pins, pip_args)
     target = envs / key
     env = _load_intact(target, pins)
     if env is not None:
@@ -464,7 +535,6 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
     build = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=envs))
     try:
         env = _build(build / "env", pins, pip_args, where)
-        os.chmod(env.prefix, 0o755)
         try:
             os.rename(env.prefix, target)
         except OSError:  # another process finished the same environment first
@@ -472,9 +542,82 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
             if env is None:
                 raise
             return env
-        return SubmissionEnv(target, env.requirements, env.versions, env.core_site_dirs)
+        return SubmissionEnv(target, env.requirements, env.versions, env.core_site_dirs,
+                             env.wheels)
     finally:
         shutil.rmtree(build, ignore_errors=True)
+
+
+def _snapshot(prefix: Path) -> dict[str, str]:
+    """The environment's own files before pip runs: relative path -> link target or sha256."""
+    out = {}
+    for root, dirs, files in os.walk(prefix):
+        for n in dirs + files:
+            f = Path(root) / n
+            rel = f.relative_to(prefix).as_posix()
+            if f.is_symlink():
+                out[rel] = "-> " + os.readlink(f)
+            elif f.is_file():
+                out[rel] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def _check_own_files(prefix: Path, before: dict[str, str], site_dir: Path, pins: list[str],
+                     where: str) -> None:
+    """Refuse a wheel that replaced a file of the environment itself (bin/python, pyvenv.cfg).
+
+    A wheel's ``.data/scripts`` and ``.data/data`` folders install beside ``site-packages``:
+    ``pyvenv.cfg`` from a wheel would choose which folders the sandbox binds for the
+    interpreter, and a ``bin/python`` which program the sandbox runs.
+    """
+    after = _snapshot(prefix)
+    changed = sorted(rel for rel, what in before.items() if after.get(rel) != what)
+    if not changed:
+        return
+    owners = []
+    for name, dists in _installed(site_dir).items():
+        for d in dists:
+            paths = {Path(os.path.normpath(site_dir / f)).relative_to(prefix).as_posix()
+                     for f in d.files if os.path.normpath(site_dir / f).startswith(str(prefix))}
+            if paths & set(changed):
+                owners.append(next((p for p in pins if p.split("==")[0] == name), name))
+    who = (f"requirement {owners[0]!r}" if len(owners) == 1 else
+           f"requirements {', '.join(owners)}" if owners else "one of the requirements")
+    raise RequirementError(
+        f"{where}: {who} installs {', '.join(changed[:3])} over the environment's own "
+        f"file{'s' if len(changed) > 1 else ''} (a wheel's .data folder may not replace the "
+        "environment's interpreter or configuration, which decide what the sandbox runs and "
+        "binds); drop the requirement or pin a version without those files."
+    )
+
+
+def _normalise_modes(prefix: Path) -> None:
+    """Folders 0755, files 0644 (0755 when executable), whatever the umask was.
+
+    Readable by the sandbox's fresh uid, writable by the owner only.
+    """
+    for root, dirs, files in os.walk(prefix):
+        for n in dirs + files:
+            f = Path(root) / n
+            if f.is_symlink():
+                continue
+            mode = f.stat().st_mode
+            os.chmod(f, 0o755 if f.is_dir() or mode & 0o100 else 0o644)
+    os.chmod(prefix, 0o755)
+
+
+def _wheels(report: Path) -> list[tuple[str, str]]:
+    """``(file name, sha256)`` of each wheel pip installed (its ``--report``)."""
+    try:
+        items = json.loads(report.read_text(encoding="utf-8")).get("install", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    out = []
+    for item in items:
+        info = item.get("download_info") or {}
+        digest = ((info.get("archive_info") or {}).get("hashes") or {}).get("sha256", "")
+        out.append((str(info.get("url", "")).rsplit("/", 1)[-1], str(digest)))
+    return sorted(out)
 
 
 def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -> SubmissionEnv:
@@ -487,10 +630,16 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
     if extra:  # bt-bench runs in a venv: make its site-packages (the core) visible as well
         lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in extra)
         (site_dir / "_bt_bench_core.pth").write_text(lines, encoding="utf-8")
+    own = _snapshot(prefix)
     python = prefix / "bin" / "python"
+    report = prefix.parent / "pip-report.json"
+    # pip re-runs itself under the new interpreter (--python) to install for it; that start sees
+    # only the files created above: no file of any requirement exists yet, and installing a
+    # wheel runs none of its code (docs/isolation.md, "Requirements")
     cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
            "--only-binary=:all:", "--ignore-installed", "--no-input",
-           "--disable-pip-version-check", "--no-warn-script-location", *pip_args, *pins]
+           "--disable-pip-version-check", "--no-warn-script-location", "--report", str(report),
+           *pip_args, *pins]
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=PIP_TIMEOUT)
@@ -501,6 +650,8 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
         ) from exc
     if proc.returncode != 0:
         raise RequirementError(_install_failure(pins, proc.stdout + proc.stderr, where))
+    _check_own_files(prefix, own, site_dir, pins, where)
+    dists = _installed(site_dir)
     installed = _installed_files(site_dir)
     missing = [p for p in pins if p.split("==", 1)[0] not in installed]
     if missing:
@@ -508,6 +659,14 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
             f"{where}: pip reported success but did not install {', '.join(missing)}; "
             "retry, and report the pip version (python -m pip --version) if it persists."
         )
+    for p in pins:
+        name = p.split("==", 1)[0]
+        if len(dists[name]) > 1:
+            raise RequirementError(
+                f"{where}: the requirements install {len(dists[name])} metadata folders for "
+                f"{name} ({', '.join(d.info for d in dists[name])}); one wheel carries another "
+                "package's metadata: drop the requirement that ships it."
+            )
     core_tops = _core_top_level()
     for p in pins:
         name = p.split("==", 1)[0]
@@ -517,13 +676,18 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
                 f"{where}: requirement {p!r} installs the module(s) {', '.join(clash)}, which "
                 "belong to the core environment and would replace them; drop the requirement."
             )
+    _normalise_modes(prefix)
     modules = {p: _top_level(installed[p.split("==", 1)[0]]) for p in pins}
-    versions = _smoke_test(python, pins, modules, site_dir, where)
-    env = SubmissionEnv(prefix, tuple(pins), tuple(versions), tuple(extra))
+    versions = [(p.split("==", 1)[0], dists[p.split("==", 1)[0]][0].version) for p in pins]
+    env = SubmissionEnv(prefix, tuple(pins), tuple(versions), tuple(extra),
+                        tuple(_wheels(report)))
+    _smoke_test(env, modules, site_dir, where)
     marker = {"requirements": list(env.requirements), "versions": [list(v) for v in versions],
-              "core_site_dirs": list(extra), "core": _core_versions(),
+              "wheels": [list(w) for w in env.wheels], "core_site_dirs": list(extra),
+              "core": _core_versions(), "source": package_source(pip_args),
               "python": sys.version, "format": ENV_FORMAT}
     (prefix / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+    os.chmod(prefix / MARKER, 0o644)
     return env
 
 
@@ -553,73 +717,68 @@ def _install_failure(pins: list[str], output: str, where: str) -> str:
             "(check with pip download --no-deps --only-binary=:all: NAME==VERSION), or drop it.")
 
 
-_SMOKE = r"""
-import importlib, importlib.metadata as md, json, sys, tempfile, traceback
+def smoke_inside(spec: dict) -> dict:
+    """The smoke test itself; runs inside the sandbox, in the environment's interpreter.
 
-spec = json.loads(sys.argv[1])
+    Args:
+        spec: ``{"modules": {pin: [module, ...]}, "core_only": bool}``.
 
-def report(stage, **kw):
-    print("BT-BENCH-SMOKE " + json.dumps({"stage": stage, **kw}), flush=True)
+    Returns:
+        ``{"stage": "ok"}``, ``{"stage": "core", "step": one of SMOKE_STEPS, "error": tb}`` or
+        ``{"stage": "import", "pin", "module", "error": tb}`` (tracebacks cut to their last
+        8,000 characters, so the report fits one result frame).
+    """
+    import importlib
+    import traceback
 
-stage = "import torch"
-try:
-    import numpy
-    import torch
-    stage = "import transformers"
-    import transformers
-    from transformers import AutoModelForCausalLM, Qwen2Config
-    stage = "load a Qwen2 model with AutoModelForCausalLM"
-    transformers.utils.logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory() as d:
-        conf = Qwen2Config(vocab_size=16, hidden_size=8, intermediate_size=16,
-                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                           max_position_embeddings=16, tie_word_embeddings=True)
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(conf).save_pretrained(d)
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
-                                                     attn_implementation="eager")
-        loss = model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss
-        loss.backward()
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"the model's loss is {loss.item()}")
-except BaseException:
-    report("core", step=stage, error=traceback.format_exc())
-    sys.exit(3)
-if spec["core_only"]:
-    report("ok", versions=[])
-    sys.exit(0)
-for pin, modules in spec["modules"].items():
-    for m in modules:
-        try:
-            importlib.import_module(m)
-        except BaseException:
-            report("import", pin=pin, module=m, error=traceback.format_exc())
-            sys.exit(3)
-versions = []
-for pin in spec["modules"]:
-    name = pin.split("==", 1)[0]
-    versions.append([name, md.version(name)])
-report("ok", versions=versions)
-"""
+    def error() -> str:
+        return traceback.format_exc()[-8000:]
+
+    step = SMOKE_STEPS[0]
+    try:
+        import torch
+
+        step = SMOKE_STEPS[1]
+        import transformers
+        from transformers import AutoModelForCausalLM, Qwen2Config
+
+        step = SMOKE_STEPS[2]
+        transformers.utils.logging.disable_progress_bar()
+        with tempfile.TemporaryDirectory() as d:
+            conf = Qwen2Config(vocab_size=16, hidden_size=8, intermediate_size=16,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                               max_position_embeddings=16, tie_word_embeddings=True)
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(conf).save_pretrained(d)
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                         attn_implementation="eager")
+            loss = model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss
+            loss.backward()
+            if not torch.isfinite(loss):
+                raise RuntimeError(f"the model's loss is {loss.item()}")
+    except BaseException:  # noqa: BLE001 - every failure is the report
+        return {"stage": "core", "step": step, "error": error()}
+    if spec["core_only"]:
+        return {"stage": "ok"}
+    for pin, modules in spec["modules"].items():
+        for m in modules:
+            try:
+                importlib.import_module(m)
+            except BaseException:  # noqa: BLE001
+                return {"stage": "import", "pin": pin, "module": m, "error": error()}
+    return {"stage": "ok"}
 
 
-def _run_smoke(python: Path | str, modules: dict[str, list[str]], core_only: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONNOUSERSITE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
-    spec = json.dumps({"modules": modules, "core_only": core_only})
-    with tempfile.TemporaryDirectory(prefix="bt-bench-smoke-") as cwd:
-        try:
-            proc = subprocess.run([str(python), "-c", _SMOKE, spec], cwd=cwd, env=env,
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=SMOKE_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            return {"stage": "timeout"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("BT-BENCH-SMOKE "):
-            return json.loads(line[len("BT-BENCH-SMOKE "):])
-    return {"stage": "crash", "error": (proc.stdout + proc.stderr)[-4000:],
-            "returncode": proc.returncode}
+def _run_smoke(sandbox_kwargs: dict, modules: dict[str, list[str]], core_only: bool) -> dict:
+    """Run :func:`smoke_inside` in the sandbox; its report, validated, or a timeout/crash.
+
+    ``sandbox_kwargs``: the environment's (``SubmissionEnv.sandbox_kwargs``), or ``{}`` for
+    bt-bench's own interpreter.
+    """
+    from benchmark.isolation import Limits, smoke_isolated
+
+    return smoke_isolated({"modules": modules, "core_only": core_only},
+                          Limits(wall_seconds=SMOKE_TIMEOUT), **sandbox_kwargs)
 
 
 def _culprits(error: str, site_dir: Path, modules: dict[str, list[str]]) -> list[str]:
@@ -629,29 +788,30 @@ def _culprits(error: str, site_dir: Path, modules: dict[str, list[str]]) -> list
             if any(f'"{r}{m}/' in error or f'"{r}{m}.' in error for r in roots for m in mods)]
 
 
-def _smoke_test(python: Path, pins: list[str], modules: dict[str, list[str]], site_dir: Path,
-                where: str) -> list[tuple[str, str]]:
-    """Run the smoke test in the new environment; return the installed versions or raise."""
-    out = _run_smoke(python, modules, core_only=False)
+def _smoke_test(env: SubmissionEnv, modules: dict[str, list[str]], site_dir: Path,
+                where: str) -> None:
+    """Run the smoke test of the new environment in the sandbox; raise when it fails."""
+    pins = list(env.requirements)
+    out = _run_smoke(env.sandbox_kwargs(), modules, core_only=False)
     stage = out["stage"]
     if stage == "ok":
-        return [(str(n), str(v)) for n, v in out["versions"]]
+        return
     fix = ("fix: pin a version of it that works with the core environment (torch "
            f"{_version('torch')}, transformers {_version('transformers')}), or drop it")
     if stage == "import":
-        return _import_failure(out, where, fix, site_dir)
+        _import_failure(out, where, fix, site_dir)
     if stage in ("timeout", "crash"):
         how = (f"it timed out after {SMOKE_TIMEOUT} s" if stage == "timeout"
-               else f"the interpreter died with exit status {out.get('returncode')}")
+               else out.get("how", "the interpreter died"))
         raise RequirementError(
             f"{where}: the new environment with {', '.join(pins)} did not finish its smoke test "
-            f"({how}):\n{_error_summary(out.get('error', ''))}\n"
+            f"in the sandbox ({how}):\n{_error_summary(out.get('error', ''))}\n"
             f"{fix.replace('of it', 'of each requirement')}."
         )
     # stage "core": torch or transformers failed; is it the requirements' fault?
     error = out["error"]
-    core = "torch" if out["step"] == "import torch" else "transformers"
-    base = _run_smoke(sys.executable, {}, core_only=True)
+    core = "torch" if out["step"] == SMOKE_STEPS[0] else "transformers"
+    base = _run_smoke({}, {}, core_only=True)
     if base["stage"] != "ok":
         raise RequirementError(
             f"bt-bench's own environment fails the same check without any requirement "

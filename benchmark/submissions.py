@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmark.errors import BenchmarkError, InputFileError
 from benchmark.requirements import RequirementError, parse_requirements
+from benchmark.untrusted import unsafe_characters
 
 __all__ = [
     "ALLOWED_KEYS",
@@ -35,6 +36,7 @@ __all__ = [
     "Drift",
     "SubmissionError",
     "VerifyReport",
+    "check_results_text",
     "compare_results",
     "find_submissions",
     "load_submission",
@@ -56,8 +58,10 @@ REQUIRED_KEYS = ("name", "authors", "track")
 ALLOWED_KEYS = ("name", "authors", "track", "kind", "link", "description", "requirements")
 KINDS = ("estimator", "control")
 TRACKS = ("gradient", "open")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-URL_RE = re.compile(r"^https?://[^\s]+$")
+#: a submission name (matched in full: ``$`` would accept a final newline)
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+#: a link: http(s) and printable ASCII without spaces (matched in full)
+URL_RE = re.compile(r"https?://[!-~]+")
 
 #: Absolute tolerance for floats in ``verify``. The evaluation is deterministic (seeded controls
 #: and bootstraps), but CPU BLAS libraries sum in a machine-dependent order, so a dot product can
@@ -123,7 +127,7 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
             f"{', '.join(REQUIRED_KEYS)} (allowed keys: {allowed})."
         )
     name = meta["name"]
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise SubmissionError(
             f"{where}: name {name!r} is not valid; expected lowercase letters, digits and '-', "
             "starting with a letter or digit (e.g. 'my-estimator')."
@@ -135,6 +139,8 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
             f"{where}: authors {authors!r} must be a non-empty list of names, e.g. "
             "authors: [Ada Lovelace, Alan Turing]."
         )
+    for a in authors:
+        _plain_text(a.strip(), f"{where}: author", "a name")
     track = meta["track"]
     if track not in TRACKS:
         raise SubmissionError(
@@ -150,9 +156,10 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
                            "track": track, "kind": kind}
     link = meta.get("link")
     if link is not None:
-        if not isinstance(link, str) or not URL_RE.match(link):
+        if not isinstance(link, str) or not URL_RE.fullmatch(link):
             raise SubmissionError(
-                f"{where}: link {link!r} is not a URL; expected http(s)://... or omit the key."
+                f"{where}: link {link!r} is not a URL; expected http(s):// and printable ASCII "
+                "without spaces (percent-encode other characters), or omit the key."
             )
         out["link"] = link
     desc = meta.get("description")
@@ -161,6 +168,7 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
             raise SubmissionError(
                 f"{where}: description must be one non-empty line of text, got {desc!r}."
             )
+        _plain_text(desc.strip(), f"{where}: description", "one line of plain text")
         out["description"] = desc.strip()
     if meta.get("requirements") is not None:
         try:
@@ -170,6 +178,45 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
         if pins:
             out["requirements"] = pins
     return out
+
+
+def _plain_text(text: str, what: str, expected: str,
+                fix: str = "remove them (bidirectional overrides, zero-width and line-separator "
+                           "characters are refused too)") -> None:
+    """Refuse control, format and line-separator characters (they reach the leaderboard)."""
+    bad = unsafe_characters(text)
+    if bad:
+        shown = repr(text) if len(text) <= 120 else repr(text[:117]) + "..."
+        raise SubmissionError(
+            f"{what} {shown} contains control or format characters ({', '.join(bad[:5])}); "
+            f"expected {expected}: {fix}."
+        )
+
+
+_REGENERATE = ("bt-bench never writes them, so the file was edited: regenerate it with bt-bench "
+               "submit FILE --name NAME --force")
+
+
+def check_results_text(results: object, where: str, _path: str = "") -> None:
+    """Refuse a string (value or key) of a results tree with control or format characters.
+
+    bt-bench writes none (estimator names and config strings are printable); such a string in a
+    committed ``results.json`` was edited in, and would reach the leaderboard.
+
+    Raises:
+        SubmissionError: naming the first such string by its dotted path.
+    """
+    if isinstance(results, dict):
+        for k, v in results.items():
+            sub = f"{_path}.{k}" if _path else str(k)
+            if isinstance(k, str) and unsafe_characters(k):
+                _plain_text(k, f"{where}: the key {sub!r}", "plain text", _REGENERATE)
+            check_results_text(v, where, sub)
+    elif isinstance(results, list):
+        for i, v in enumerate(results):
+            check_results_text(v, where, f"{_path}.{i}" if _path else str(i))
+    elif isinstance(results, str) and unsafe_characters(results):
+        _plain_text(results, f"{where}: {_path}", "plain text", _REGENERATE)
 
 
 def _dump_metadata(meta: dict[str, Any]) -> str:
@@ -241,6 +288,7 @@ def load_submission(path: str | Path) -> Submission:
             f"{p / RESULTS_FILE}: not a bt-bench results file (no 'estimator' key); regenerate "
             "it with bt-bench submit --force."
         )
+    check_results_text(results, str(p / RESULTS_FILE))
     recorded = results["estimator"].get("track")
     if recorded != meta["track"]:
         raise SubmissionError(

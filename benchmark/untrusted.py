@@ -1,9 +1,11 @@
-"""Showing text an estimator wrote (its exception messages, traceback, output) safely.
+"""Showing text an estimator or a pull request wrote (messages, traceback, output, names) safely.
 
 Such text can carry terminal escape sequences (rewriting what the user sees: a FAIL turned into
 a PASS), control characters, bidirectional overrides, or be arbitrarily long. :func:`clean_text`
 keeps printable characters only and caps the length; :func:`quote` labels the text as the
 estimator's own and indents it so it cannot pass for a line of bt-bench.
+:func:`unsafe_characters` finds the characters refused in text that reaches the leaderboard
+(``submission.yaml``, ``results.json``), and :func:`visible` shows them as inert escapes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,31 @@ _ESCAPES = re.compile(
     r"|\x1b[ -/]*[0-~]",
     re.DOTALL,
 )
+
+
+#: Unicode categories refused in text that reaches the leaderboard: control characters (Cc:
+#: newline, tab, escape, ...), format characters (Cf: bidirectional overrides such as U+202E,
+#: zero-width characters), surrogates (Cs), and line and paragraph separators (Zl, Zp)
+UNSAFE_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def unsafe_characters(text: str) -> list[str]:
+    """The characters of ``text`` in :data:`UNSAFE_CATEGORIES`, as ``"U+202E"`` (in order, once)."""
+    found = dict.fromkeys(f"U+{ord(ch):04X}" for ch in text
+                          if unicodedata.category(ch) in UNSAFE_CATEGORIES)
+    return list(found)
+
+
+def visible(text: str) -> str:
+    r"""``text`` with each character of :data:`UNSAFE_CATEGORIES` shown as an escape (``\u202e``).
+
+    For renderers of text they must show (a leaderboard cell): the character is neither
+    interpreted (no new line, no reordering) nor hidden.
+    """
+    if not any(unicodedata.category(ch) in UNSAFE_CATEGORIES for ch in text):
+        return text
+    return "".join(f"\\u{ord(ch):04x}" if unicodedata.category(ch) in UNSAFE_CATEGORIES
+                   else ch for ch in text)
 
 
 def _printable(ch: str, multiline: bool) -> str:

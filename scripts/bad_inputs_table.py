@@ -9,6 +9,7 @@ release with ``--seeds 0``).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT.parent / "shared" / "reference" / "paper-runs"
+sys.path.insert(0, str(ROOT))
 
 GOOD = '''import numpy as np
 from estimators.base import BaseEstimator
@@ -65,16 +67,31 @@ def body(tmp: Path, name: str, code: str) -> str:
     return est(tmp, name, GOOD.replace(BODY, code))
 
 
-def run(args: list[str], cwd: Path) -> tuple[int, str]:
+def run(args: list[str], cwd: Path, env: dict | None = None, n_lines: int = 2) -> tuple[int, str]:
     proc = subprocess.run([sys.executable, "-m", "benchmark.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
     text = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
     lines = [ln for ln in text if ln.startswith("bt-bench: error") or "FAILED" in ln
              or ln.startswith("  ")] or text[-1:]
-    return proc.returncode, " ".join(ln.strip() for ln in lines[:2])
+    return proc.returncode, " ".join(ln.strip() for ln in lines[:n_lines])
 
 
-def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
+def submission(root: Path, meta: str, results: dict | None = None) -> str:
+    """A submissions folder holding one submission ``mine``; its path."""
+    (root / "mine").mkdir(parents=True)
+    (root / "mine" / "estimator.py").write_text(GOOD)
+    (root / "mine" / "submission.yaml").write_text(meta)
+    (root / "mine" / "results.json").write_text(json.dumps(
+        results or {"estimator": {"track": "gradient", "name": "good"}}))
+    return str(root)
+
+
+def cases(tmp: Path) -> list[tuple]:
+    """(area, bad input, CLI arguments[, environment variables, lines of the message shown])."""
+    from tests.test_isolation import evil_wheels
+    from tests.wheels import build_wheel
+
     ev = ["evaluate", "--seeds", "0", "--no-progress", "--out", str(tmp / "results.json")]
     labels = ROOT / "releases" / "tiny" / "seed0" / "labels.parquet"
     ckpt = next((ROOT / "releases" / "tiny" / "seed0" / "checkpoints").rglob("model.safetensors"))
@@ -116,6 +133,16 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
     runs3.mkdir(parents=True)
     (runs3 / "ground_truth.jsonl").write_text("\n")
     (runs3 / "attribution_scores.json").write_text((runs / "attribution_scores.json").read_text())
+    wheels = tmp / "wheels"
+    evil_wheels(wheels, ROOT / "releases" / "tiny", "table")
+    build_wheel(wheels, "btb-own", "1.0", {"btb_own.py": "",
+                                           "btb_own-1.0.data/data/pyvenv.cfg": "home = /root\n"})
+    local = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+             "BT_BENCH_TEST_CI_SECRET": "ci-secret-table"}
+    private = tmp / "private"  # mode 0700 (mkdtemp): other users cannot traverse it
+    (private / "tmp").mkdir(parents=True, mode=0o777)
+    os.chmod(private, 0o700)
+    y = "authors: [me]\ntrack: gradient\n"
     out = [
         ("estimator", "file does not exist", ev + [str(tmp / "nope.py")]),
         ("estimator", "not a Python file", ev + [est(tmp, "est.txt", GOOD)]),
@@ -126,6 +153,11 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
          ev + [est(tmp, "two.py", GOOD + GOOD.replace("class Good", "class Other"))]),
         ("estimator", "wrong shape", ev + [body(tmp, "shape.py", "return np.zeros(3)")]),
         ("estimator", "NaN scores", ev + [body(tmp, "nan.py", "return np.full(view.n, np.nan)")]),
+        ("estimator", "timedelta64 scores (numpy counts them as integers)", ev + [body(
+            tmp, "td.py", "return np.arange(view.n).astype('m8[s]')")]),
+        ("estimator", "a masked array (its mask would be dropped)", ev + [body(
+            tmp, "masked.py", "return np.ma.masked_array(np.zeros(view.n), "
+            "mask=np.arange(view.n) % 2)")]),
         ("estimator", "non-numeric scores", ev + [body(tmp, "str.py", "return ['a'] * view.n")]),
         ("estimator", "modifies its input",
          ev + [body(tmp, "mut.py", "view.sketches[0, 0] = 1\n        return np.zeros(view.n)")]),
@@ -210,6 +242,12 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
          ev + [str(tmp / "g.py"), "--requirements", "torch==2.5.0"]),
         ("requirements", "a range instead of an exact pin",
          ev + [str(tmp / "g.py"), "--requirements", "einops>=0.8"]),
+        ("requirements", "a wheel whose .pth file and import-time code read the labels and a CI "
+         "secret and write outside (the smoke test runs it in the sandbox; its report, shown as "
+         "its error: uid 65534, nothing read or written outside its /tmp, pid 1 unreachable)",
+         ev + [str(tmp / "g.py"), "--requirements", "btb-evil==2.0"], local, 3),
+        ("requirements", "a wheel that replaces the environment's pyvenv.cfg (to bind /root)",
+         ev + [str(tmp / "g.py"), "--requirements", "btb-own==1.0"], local),
         ("release", "unknown release id",
          ev + ["--release", "nonexistent", est(tmp, "g.py", GOOD)]),
         ("release", "wrong schema version",
@@ -225,12 +263,30 @@ def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
          ["verify", "--submissions-dir", str(sub2), "--no-progress"]),
         ("submission", "invalid submission name",
          ["submit", str(tmp / "g.py"), "--name", "Bad Name!", "--authors", "me"]),
+        ("submission", "a name with a trailing newline", [
+            "verify", "--no-progress", "--submissions-dir",
+            submission(tmp / "subs-nl", 'name: "mine\\n"\n' + y)]),
+        ("submission", "a description with a right-to-left override (U+202E)", [
+            "verify", "--no-progress", "--submissions-dir",
+            submission(tmp / "subs-bidi", 'name: mine\ndescription: "fine \\u202Eenil"\n' + y)]),
+        ("submission", "a link with a trailing newline", [
+            "verify", "--no-progress", "--submissions-dir",
+            submission(tmp / "subs-link", 'name: mine\nlink: "https://example.org\\n"\n' + y)]),
+        ("submission", "results.json edited to hold a control character (the leaderboard)", [
+            "leaderboard", "--out", str(tmp / "lb"), "--submissions-dir",
+            submission(tmp / "subs-res", "name: mine\n" + y, {
+                "estimator": {"track": "gradient", "name": "good"},
+                "verdict": "pass\n| 1 | fake | row |"})]),
         ("paper", "missing runs folder", ["paper", "reproduce", "--runs", str(tmp / "nope")]),
         ("paper", "malformed JSON line", ["paper", "reproduce", "--runs", str(runs.parent)]),
         ("paper", "ground truth ids not among the scored rollouts",
          ["paper", "reproduce", "--runs", str(runs2.parent)]),
         ("paper", "empty ground truth", ["paper", "reproduce", "--runs", str(runs3.parent)]),
     ]
+    if os.geteuid() == 0:  # the sandbox changes uid only under root (as in CI)
+        out.insert(next(i for i, c in enumerate(out) if c[0] == "estimator" and "raises" in c[1]),
+                   ("sandbox", "TMPDIR inside a folder of mode 0700 (bt-bench as root)",
+                    ev + [str(tmp / "g.py")], {"TMPDIR": str(private / "tmp")}))
     return out
 
 
@@ -238,8 +294,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        for area, what, args in cases(tmp):
-            rc, msg = run(args, ROOT)
+        for area, what, args, *opts in cases(tmp):
+            rc, msg = run(args, ROOT, *opts)
             msg = msg.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
             rows.append((area, what, rc, msg))
             print(f"{rc}  {area:10s} {what}: {msg[:110]}", flush=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from benchmark.contract import (
     EstimatorContractError,
     check_estimator,
     load_estimator_file,
+    validate_scores,
 )
 from tests.views import make_draw, make_view
 
@@ -85,6 +87,30 @@ def test_good_estimator_passes(tmp_path):
 def test_broken_estimators_are_rejected(tmp_path, body, match):
     with pytest.raises(EstimatorContractError, match=match):
         check(write(tmp_path, body))
+
+
+@pytest.mark.parametrize(("scores", "match"), [
+    # numpy counts timedelta64 among the integers; it is a duration, not a score
+    (np.arange(3).astype("m8[s]"), r"E\.score_rollouts returned dtype timedelta64\[s\]; return "
+                                   r"a numeric numpy array of shape \(3,\)\.$"),
+    (np.arange(3).astype("M8[D]"), r"returned dtype datetime64\[D\]; return a numeric"),
+    (np.zeros(3, complex), r"returned dtype complex128; return a numeric"),
+    # converting a masked array would drop the mask: the masked entry would rank as 0.0
+    (np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, False]),
+     r"E\.score_rollouts returned a masked array \(numpy\.ma\.MaskedArray\); return a numeric "
+     r"numpy array of shape \(3,\) \(a mask is not kept: fill the masked entries"),
+    (np.ma.masked_array([1.0, 2.0, 3.0]), r"returned a masked array"),  # even with no mask set
+])
+def test_scores_must_be_real_numbers(scores, match):
+    with pytest.raises(EstimatorContractError, match=match):
+        validate_scores(scores, 3, "E", "score_rollouts")
+
+
+def test_real_scores_of_every_numeric_kind_are_accepted():
+    for scores in (np.array([1.5, 2, 3]), np.array([1, 2, 3], np.int8), np.array([1, 2, 3], "u8"),
+                   np.array([True, False, True]), [1.0, 2.0, 3.0], np.float16([1, 2, 3])):
+        out = validate_scores(scores, 3, "E", "m")
+        assert out.dtype == np.float64 and out.tolist() == np.asarray(scores, float).tolist()
 
 
 def test_missing_and_non_python_files(tmp_path):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +27,7 @@ import pytest
 from benchmark import cgroups, sandbox
 from benchmark.cli import main
 from benchmark.isolation import TEMP_PREFIX, IsolationError, Limits
+from tests.wheels import build_wheel, offline
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = sandbox.probe()
@@ -266,6 +269,15 @@ def cases(release: Path, tmp_path: Path) -> dict[str, tuple[str, dict, list[str]
                                              ["Operation not permitted"]),
         # malformed returns and exits
         "NaN scores": ("pass", {"score": "np.full(view.n, np.nan)"}, ["non-finite scores"]),
+        "timedelta64 scores": ("pass", {"score": "np.arange(view.n).astype('m8[s]')"},
+                               ["returned dtype timedelta64[s]; return a numeric numpy array"]),
+        "a masked array (its mask would be dropped)": (
+            "pass", {"score": "np.ma.masked_array(np.zeros(view.n), mask=np.arange(view.n) % 2)"},
+            ["returned a masked array (numpy.ma.MaskedArray)"]),
+        "a timedelta64 array forged on the channel": (
+            "pass", {"prelude": FORGE_ARRAY.format(descr="<m8[s]", shape="(len(arr),)",
+                                                   pad="8 * len(arr)")},
+            ["refused", "dtype timedelta64[s]; a numeric dtype is required"]),
         "os._exit": ("os._exit(0)", {}, ["exited with code 0 before returning its scores"]),
         "scores that differ between processes": (
             "pass", {"score": "np.frombuffer(os.urandom(8 * view.n), np.uint64) % 7 * 1.0"},
@@ -629,6 +641,155 @@ def test_another_interpreter_and_extra_read_only_paths(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# a submission's requirements: their code (import time, .pth files) runs in the sandbox only
+
+# the module the malicious wheel's .pth file imports at every start of the environment's
+# interpreter, and its package imports again: each tries the attacks and keeps a compact report
+EVIL_PROBE = """
+import errno, os
+
+LABELS, TARGETS, SECRET = {labels!r}, {targets!r}, {secret!r}
+
+
+def _try(f):
+    try:
+        f()
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+    except Exception as e:
+        return type(e).__name__
+    return "ok"
+
+
+def _read(p):
+    with open(p, "rb") as fh:
+        fh.read(1)
+
+
+def _write(p):
+    with open(p, "w") as fh:
+        fh.write("planted")
+
+
+def _secrets():
+    places = [str(os.environ)]
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{{pid}}/environ", "rb") as fh:
+                places.append(fh.read().decode("latin-1"))
+        except OSError:
+            pass
+    return sum(SECRET in p for p in places)
+
+
+def _ok(f):  # the same in every sandbox (the estimator's config must not change between them)
+    return "ok" if _try(f) == "ok" else "no"
+
+
+def probe(where):
+    targets = TARGETS + [os.path.join(os.path.dirname(__file__), "btb_evil_planted.py")]
+    return (f"{{where}}:u{{os.getuid()}}"
+            f" L{{','.join(_ok(lambda p=p: _read(p)) for p in LABELS)}}"
+            f" S{{_secrets()}}"
+            f" W{{','.join(_ok(lambda p=p: _write(p)) for p in targets)}}"
+            f" K{{_try(lambda: os.kill(1, 0))}}")
+
+
+PTH = probe("pth")
+"""
+
+
+def evil_wheels(folder: Path, release: Path, token: str) -> list[Path]:
+    """``btb-evil`` 1.0 (attacks quietly, keeps ``btb_evil.REPORT``) and 2.0 (also raises its
+    report at import): a ``.pth`` file and import-time code try to read label files and a
+    secret of the evaluator's environment, and to write outside (into the host's /tmp, the
+    repository, the test's folder, the release, the environment cache)."""
+    labels_files = [str(labels(release)), str(REPO / "releases" / "tiny" / "seed0" /
+                                               "labels.parquet")]
+    targets = [f"/tmp/btb-evil-{token}", str(REPO / f"btb-evil-{token}"),
+               str(folder.parent / f"btb-evil-{token}"),
+               str(release / "seed0" / f"btb-evil-{token}")]
+    probe = EVIL_PROBE.format(labels=labels_files, targets=targets, secret=f"ci-secret-{token}")
+    init = ("import btb_evil_probe\n"
+            "REPORT = btb_evil_probe.PTH + ' ' + btb_evil_probe.probe('import')\n")
+    return [build_wheel(folder, "btb-evil", version, {
+        "btb_evil_probe.py": probe, "btb_evil.pth": "import btb_evil_probe\n",
+        "btb_evil/__init__.py": init + ("raise RuntimeError('evil report: ' + REPORT)\n"
+                                        if version == "2.0" else "")})
+        for version in ("1.0", "2.0")]
+
+
+EVIL_REPORT = re.compile(r"(pth|import):u(\d+) L(\S+) S(\d+) W(\S+) K(\S+)")
+
+
+def check_evil_report(text: str, release: Path, tmp_path: Path, token: str) -> None:
+    """Both the .pth and the import ran, in the sandbox, and no attack worked."""
+    found = {m[0]: m[1:] for m in EVIL_REPORT.findall(text)}
+    assert set(found) == {"pth", "import"}, text
+    for where, (uid, read, secrets, writes, kill) in found.items():
+        assert uid == str(sandbox.INSIDE_UID), (where, uid)  # the sandbox's uid, never 0
+        assert read == "no,no"  # no label file can be read
+        assert secrets == "0"  # the secret is in no environment it can read
+        # /tmp inside is the sandbox's own tmpfs; the repository, the test's folder, the release
+        # and the environment cache are absent or read-only
+        assert writes == "ok,no,no,no,no", (where, writes)
+        if sandbox.landlock_abi() >= 6:  # Landlock was on before any of it ran (-S, then site)
+            assert kill == "EPERM", (where, kill)
+    for p in (Path(f"/tmp/btb-evil-{token}"), REPO / f"btb-evil-{token}",
+              tmp_path / f"btb-evil-{token}", release / "seed0" / f"btb-evil-{token}"):
+        assert not p.exists(), p
+    assert not list(Path(os.environ["BT_BENCH_CACHE"]).rglob("btb_evil_planted.py"))
+    assert not list(tmp_path.rglob("btb_evil_planted.py"))
+
+
+@needs_bwrap
+def test_a_requirements_smoke_test_runs_in_the_sandbox(micro_release, tmp_path, monkeypatch):
+    """The smoke test imports every requirement in the sandbox: a wheel whose import-time code
+    and .pth try to read labels, a CI secret and write outside reach nothing, and its failure
+    comes back as a clear error, its report shown as the requirement's own text."""
+    from benchmark.requirements import RequirementError, ensure_env
+
+    token = f"{os.getpid()}-smoke"
+    monkeypatch.setenv("BT_BENCH_TEST_CI_SECRET", f"ci-secret-{token}")
+    evil_wheels(tmp_path / "wheels", micro_release, token)
+    before = labels(micro_release).stat()
+    with pytest.raises(RequirementError, match=r"(?s)requirement 'btb-evil==2\.0' installs "
+                       r"but "
+                       r"importing btb_evil fails:.*RuntimeError: evil report: ") as info:
+        ensure_env(["btb-evil==2.0"], cache=tmp_path / "cache",
+                   pip_args=offline(tmp_path / "wheels"))
+    check_evil_report(str(info.value), micro_release, tmp_path, token)
+    assert labels(micro_release).stat().st_mtime_ns == before.st_mtime_ns
+    assert not (tmp_path / "cache" / "envs").exists() or not [
+        p for p in (tmp_path / "cache" / "envs").iterdir()]  # nothing half-built is kept
+
+
+@needs_bwrap
+def test_a_malicious_requirement_reaches_nothing_and_the_evaluation_works(
+        micro_release, tmp_path, capsys, monkeypatch):
+    """``bt-bench evaluate --requirements`` with a wheel from a local folder (PIP_NO_INDEX,
+    PIP_FIND_LINKS): its .pth and import-time code run in the smoke test's sandbox and in each
+    of the estimator's, and the estimator reports what they found through its config."""
+    token = f"{os.getpid()}-eval"
+    monkeypatch.setenv("BT_BENCH_TEST_CI_SECRET", f"ci-secret-{token}")
+    evil_wheels(tmp_path / "wheels", micro_release, token)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    est = tmp_path / "reporter.py"
+    est.write_text("import numpy as np\nimport btb_evil\nfrom estimators.base import "
+                   "BaseEstimator\n\n\nclass Reporter(BaseEstimator):\n"
+                   "    name = 'reporter'\n\n"
+                   "    def __init__(self, report: str = btb_evil.REPORT):\n"
+                   "        self.report = report\n\n"
+                   "    def score_rollouts(self, view):\n"
+                   "        return np.asarray(view.advantages, float)\n")
+    run(tmp_path, micro_release, est, "--requirements", "btb-evil==1.0", rc=0, capsys=capsys)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["requirements"] == [{"name": "btb-evil", "version": "1.0"}]
+    check_evil_report(results["estimator"]["config"]["report"], micro_release, tmp_path, token)
+
+
+# ----------------------------------------------------------------------------------------------
 # what the evaluator records, and the same results with and without the sandbox
 
 
@@ -654,6 +815,38 @@ def test_results_are_byte_identical_to_the_unsandboxed_run(micro_release, tmp_pa
                                        "landlock", "memory", "processes", "time", "output",
                                        "results"}
     assert runs[""]["estimator"]["contract_checks"][-1].startswith("score_draw on draw")
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox changes uid only when bt-bench runs "
+                    "as root (as in CI)")
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_temporary_folder_the_sandbox_user_cannot_reach_is_named(checked, micro_release,
+                                                                   tmp_path, capsys, monkeypatch):
+    """bt-bench as root with TMPDIR under a 0700 folder: the fresh uid cannot reach the staging
+    folder. Refused up front naming the folder and the fix; and were that check missing, the
+    launcher's or bubblewrap's own complaint is reported as the sandbox failing to start."""
+    from benchmark import isolation
+
+    private = Path(tempfile.mkdtemp(prefix="bt-private-"))  # 0700, owned by root
+    (private / "tmp").mkdir(mode=0o777)
+    if not checked:
+        monkeypatch.setattr(isolation, "_require_reachable_tmp", lambda: None)
+    est = REPO / "estimators" / "examples" / "my_estimator.py"
+    saved, tempfile.tempdir = tempfile.tempdir, str(private / "tmp")  # what TMPDIR sets
+    try:
+        err, _ = run(tmp_path, micro_release, est, capsys=capsys)
+        leftover = [p.name for p in (private / "tmp").iterdir()]
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(private)
+    assert not leftover
+    if checked:
+        assert f"cannot reach the temporary folder {private}/tmp: {private} has mode 0700" in err
+        assert "export TMPDIR=/tmp" in err and f"chmod o+x {private}" in err
+    else:
+        assert "the sandbox for my_estimator.py could not start (bwrap: " in err
+        assert "Permission denied" in err and "TMPDIR" in err
 
 
 @needs_bwrap

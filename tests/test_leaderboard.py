@@ -14,6 +14,7 @@ import copy
 import itertools
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,8 +31,11 @@ from benchmark.leaderboard import (
     build_entry,
     check,
     generate,
+    leaderboard_data,
     paper_reference,
     rank_rows,
+    render_html,
+    render_markdown,
     suite_row,
     task_reference,
     task_row,
@@ -678,6 +682,111 @@ class EarlyCosine(BaseEstimator):
     def score_rollouts(self, view):
         return sketch_cosine(view, view.target("in_context")) - self.weight * view.steps
 '''
+
+
+# ----------------------------------------------------------------------------------------------
+# text from a pull request: the generator escapes every string itself (verify refuses such text
+# today, but the renderers do not rely on it)
+
+HOSTILE = "x|y\n| 1 | fake | row |\u202e<script>alert(1)</script>`](https://evil.example)&amp;"
+
+
+def _hostile_board() -> dict:
+    """The standard submissions with hostile text in every string the renderers show."""
+    pairs = []
+    for i, (name, (res, kind)) in enumerate(sorted(standard_results().items())):
+        res = copy.deepcopy(res)
+        res["release"]["id"] = "tiny`|" + HOSTILE
+        for t in res["tasks"].values():
+            t["behavior"] = {**t["behavior"], "trigger_word": "a``b|" + HOSTILE,
+                             "strength": HOSTILE}
+            t["verdict"] = f'fail" onmouseover="alert({i})'
+            for c in t["checklist"]:
+                c["verdict"] = "<b>pass</b>\n|"
+        res["verdict"] = HOSTILE
+        meta = {**_meta(name, res, kind), "description": HOSTILE}
+        if i == 0:
+            meta["name"] = name + HOSTILE
+        pairs.append((meta, res))
+    reference = [{**r, "method": HOSTILE, "source": 'x" onclick="alert(1)'}
+                 for r in REFERENCE_ROWS]
+    return leaderboard_data(pairs, reference)
+
+
+class _Tags:
+    """Start tags and the cell count of every table row of an HTML text (stdlib parser)."""
+
+    def __init__(self, text: str) -> None:
+        from html.parser import HTMLParser
+
+        self.tags: list[tuple[str, dict]] = []
+        self.rows: list[int] = []  # cells per <tr>, in order
+        self.tables = 0
+        outer = self
+
+        class P(HTMLParser):
+            def handle_starttag(self, tag, attrs):
+                outer.tags.append((tag, dict(attrs)))
+                if tag == "table":
+                    outer.tables += 1
+                elif tag == "tr":
+                    outer.rows.append(0)
+                elif tag in ("td", "th"):
+                    outer.rows[-1] += 1
+
+        P().feed(text)
+
+
+def test_markdown_cells_stay_cells_and_text_stays_text():
+    """Rendered by an independent CommonMark parser with GitHub's tables (markdown-it-py): every
+    row keeps its cells, no tag or link of the submissions' text survives, and the bidi override
+    is shown as an escape."""
+    from markdown_it import MarkdownIt
+
+    clean = standard_results()
+    md = render_markdown(_hostile_board())
+    assert "\u202e" not in md
+    page = _Tags(MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(md))
+    base = _Tags(MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(
+        render_markdown(leaderboard_data([(_meta(n, r, k), r) for n, (r, k) in clean.items()],
+                                         REFERENCE_ROWS))))
+    assert page.tables == base.tables and page.rows == base.rows  # no row split, no cell added
+    tags = [t for t, _ in page.tags]
+    assert "script" not in tags and "b" not in tags
+    hrefs = [a.get("href", "") for t, a in page.tags if t == "a"]
+    assert all("://" not in h and ":" not in h.split("/")[0] for h in hrefs), hrefs  # relative
+    assert "\\u202e" in md and "&lt;script&gt;" in MarkdownIt("commonmark").render(md)
+
+
+def test_html_text_attributes_and_classes_are_escaped():
+    clean = standard_results()
+    text = render_html(_hostile_board())
+    page = _Tags(text)
+    base = _Tags(render_html(leaderboard_data(
+        [(_meta(n, r, k), r) for n, (r, k) in clean.items()], REFERENCE_ROWS)))
+    assert page.tables == base.tables and page.rows == base.rows
+    assert [t for t, _ in page.tags].count("script") == 1  # the page's own sorting script
+    assert [t for t, _ in page.tags].count("b") == [t for t, _ in base.tags].count("b")
+    assert not [a for _, attrs in page.tags for a in attrs if a.startswith("on")]
+    classes = [a["class"] for _, a in page.tags if "class" in a]
+    assert all(re.fullmatch(r"[A-Za-z0-9_ -]*", c) for c in classes), classes
+    assert "\u202e" not in text and "\\u202e" in text
+    hrefs = [a["href"] for t, a in page.tags if t == "a"]
+    assert all(re.fullmatch(r"[A-Za-z0-9_./%-]*", h) for h in hrefs), hrefs
+
+
+def test_figures_draw_names_as_written_not_as_mathtext():
+    """A "$...$" in a name is text: matplotlib does not parse it (a malformed one used to stop
+    the rendering of the whole leaderboard)."""
+    from benchmark.leaderboard.board import build_board
+    from benchmark.leaderboard.figures import figure_specs, render_png
+
+    pairs = [(_meta(n, r, k), r) for n, (r, k) in sorted(standard_results().items())]
+    pairs[0][0]["name"] = "x$\\notacommand{$"
+    specs = figure_specs(build_board(pairs))
+    data = next(v["data"] for v in specs.values()
+                if v["kind"] == "submission" and v["data"]["name"] == "x$\\notacommand{$")
+    assert render_png("submission", data)[:4] == b"\x89PNG"
 
 
 def test_new_submission_appears_in_markdown_json_html_and_figures(micro_release, tmp_path):

@@ -6,17 +6,15 @@ installs a real wheel from PyPI and skips when PyPI cannot be reached.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import subprocess
 import urllib.request
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from benchmark import requirements as R
+from benchmark.isolation import inspect_isolated
 from benchmark.requirements import (
     CORE_PACKAGES,
     RequirementError,
@@ -34,6 +32,7 @@ from benchmark.submissions import (
     load_submission,
     validate_metadata,
 )
+from tests.wheels import build_wheel, offline
 
 # ----------------------------------------------------------------------------------------------
 # parsing
@@ -114,43 +113,18 @@ def test_core_closure_holds_core_dependencies():
 # environments (offline wheels built here)
 
 
-def _wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """Write a minimal pure-Python wheel ``name==version`` holding ``files``."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    entries = dict(files)
-    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    entries[f"{info}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: bt-bench-tests\n"
-                                "Root-Is-Purelib: true\nTag: py3-none-any\n")
-    record = []
-    for path, text in entries.items():
-        data = text.encode()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    entries[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    whl = folder / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        for path, text in entries.items():
-            z.writestr(path, text)
-    return whl
-
-
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("wheels")
-    _wheel(d, "btb-fixture-ok", "1.0", {"btb_fixture_ok/__init__.py": "VALUE = 42\n"})
-    _wheel(d, "btb-fixture-needs", "1.0",
-           {"btb_fixture_needs.py": "import btb_fixture_missing_dep\n"})
-    _wheel(d, "btb-fixture-shadow", "1.0", {"tqdm/__init__.py": "raise ImportError('shadow')\n"})
+    build_wheel(d, "btb-fixture-ok", "1.0", {"btb_fixture_ok/__init__.py": "VALUE = 42\n"})
+    build_wheel(d, "btb-fixture-needs", "1.0",
+                {"btb_fixture_needs.py": "import btb_fixture_missing_dep\n"})
+    build_wheel(d, "btb-fixture-shadow", "1.0",
+                {"tqdm/__init__.py": "raise ImportError('shadow')\n"})
     # like torchvision 0.28.0 on this CPU torch: transformers imports it while loading a model
-    _wheel(d, "torchvision", "0.28.99", {"torchvision/__init__.py": (
+    build_wheel(d, "torchvision", "0.28.99", {"torchvision/__init__.py": (
         "raise RuntimeError('operator torchvision::nms does not exist')\n")})
     return d
-
-
-def _offline(wheels: Path) -> list[str]:
-    return ["--no-index", "--find-links", str(wheels)]
 
 
 def _leftovers(cache: Path) -> list[str]:
@@ -161,26 +135,43 @@ def _leftovers(cache: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def ok_env(tmp_path_factory, wheels) -> tuple[SubmissionEnv, Path]:
     cache = tmp_path_factory.mktemp("cache")
-    env = ensure_env(["BTB_fixture_ok==1.0"], cache=cache, pip_args=_offline(wheels))
+    env = ensure_env(["BTB_fixture_ok==1.0"], cache=cache, pip_args=offline(wheels))
     return env, cache
 
 
-def test_install_records_versions_and_shares_the_core(ok_env):
+def inside(env: SubmissionEnv, tmp_path: Path, expr: str) -> str:
+    """``expr`` evaluated in the environment's interpreter, in the estimator sandbox.
+
+    The expression becomes a probe estimator's declared name (what ``inspect_isolated`` returns):
+    nothing of the environment runs in this process.
+    """
+    est = tmp_path / "probe.py"
+    est.write_text("import numpy as np\nfrom estimators.base import BaseEstimator\n\n\n"
+                   f"class Probe(BaseEstimator):\n    name = str({expr})[:64]\n\n"
+                   "    def score_rollouts(self, view):\n        return np.zeros(view.n)\n")
+    return inspect_isolated(est, **env.sandbox_kwargs())["name"]
+
+
+def test_install_records_versions_and_shares_the_core(ok_env, wheels, tmp_path):
     env, cache = ok_env
     assert env.requirements == ("btb-fixture-ok==1.0",)
     assert env.record() == [{"name": "btb-fixture-ok", "version": "1.0"}]
     assert env.prefix.parent == cache / "envs" and env.prefix.name == R.env_key(
-        ["btb-fixture-ok==1.0"])
+        ["btb-fixture-ok==1.0"], offline(wheels))
     assert env.sandbox_kwargs() == {"python": str(env.prefix / "bin" / "python"),
                                     "extra_read_only": [str(env.prefix)]}
-    out = subprocess.run(
-        [str(env.python), "-c", "import btb_fixture_ok, torch; print(btb_fixture_ok.VALUE); "
-         "print(torch.__file__)"], capture_output=True, text=True, check=True).stdout.split()
-    assert out[0] == "42"
-    assert not out[1].startswith(str(env.prefix))  # torch comes from bt-bench's interpreter
+    whl = wheels / "btb_fixture_ok-1.0-py3-none-any.whl"
+    assert env.wheels == ((whl.name, hashlib.sha256(whl.read_bytes()).hexdigest()),)
+    value, torch_file = inside(
+        env, tmp_path, "f'{__import__(\"btb_fixture_ok\").VALUE} {__import__(\"torch\").__file__}'"
+    ).split(" ", 1)
+    assert value == "42"
+    assert not torch_file.startswith(str(env.prefix))  # torch comes from bt-bench's interpreter
     with pytest.raises(ImportError):  # and the requirement did not reach bt-bench's interpreter
         __import__("btb_fixture_ok")
     assert _leftovers(cache) == [env.prefix.name]
+    modes = {p.stat().st_mode & 0o777 for p in env.prefix.rglob("*") if not p.is_symlink()}
+    assert modes <= {0o755, 0o644}  # readable by the sandbox's uid, writable by the owner only
 
 
 def test_a_cached_environment_is_reused_without_pip(ok_env, wheels, monkeypatch):
@@ -190,12 +181,12 @@ def test_a_cached_environment_is_reused_without_pip(ok_env, wheels, monkeypatch)
         raise AssertionError("pip or the smoke test ran for a cached environment")
 
     monkeypatch.setattr(R.subprocess, "run", no_subprocess)
-    again = ensure_env(["btb-fixture-ok==1.0"], cache=cache, pip_args=_offline(wheels))
+    again = ensure_env(["btb-fixture-ok==1.0"], cache=cache, pip_args=offline(wheels))
     assert again == env
 
 
 def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
-    env = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+    env = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
     (env.prefix / R.MARKER).unlink()  # e.g. an install that was interrupted before the end
     calls = []
     real = R.subprocess.run
@@ -205,7 +196,7 @@ def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(R.subprocess, "run", counting)
-    again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+    again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
     assert any("pip" in c for c in calls)
     assert (again.prefix / R.MARKER).is_file() and _leftovers(tmp_path) == [again.prefix.name]
 
@@ -214,7 +205,7 @@ def test_an_uninstallable_pin_is_a_clear_error_and_leaves_nothing(tmp_path, whee
     with pytest.raises(RequirementError, match=r"(?s)x\.yaml: requirement 'btb-fixture-ok==9\.9'"
                        r" cannot be installed: pip failed:.*No matching distribution.*"
                        r"fix: pin a version that exists on PyPI as a wheel"):
-        ensure_env(["btb-fixture-ok==9.9"], cache=tmp_path, pip_args=_offline(wheels),
+        ensure_env(["btb-fixture-ok==9.9"], cache=tmp_path, pip_args=offline(wheels),
                    where="x.yaml")
     assert _leftovers(tmp_path) == []
 
@@ -224,7 +215,7 @@ def test_a_requirement_that_breaks_transformers_is_named(tmp_path, wheels):
                        r"transformers \(it works without the requirements\): load a Qwen2 model "
                        r"with AutoModelForCausalLM failed.*operator torchvision::nms does not "
                        r"exist.*fix: pin a version of it that works with the core environment"):
-        ensure_env(["torchvision==0.28.99"], cache=tmp_path, pip_args=_offline(wheels))
+        ensure_env(["torchvision==0.28.99"], cache=tmp_path, pip_args=offline(wheels))
     assert _leftovers(tmp_path) == []
 
 
@@ -233,15 +224,60 @@ def test_a_missing_dependency_of_a_requirement_says_to_pin_it(tmp_path, wheels):
                        r"installs but importing btb_fixture_needs fails:.*No module named "
                        r"'btb_fixture_missing_dep'.*add the package that provides "
                        r"'btb_fixture_missing_dep' as an exact pin"):
-        ensure_env(["btb-fixture-needs==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+        ensure_env(["btb-fixture-needs==1.0"], cache=tmp_path, pip_args=offline(wheels))
     assert _leftovers(tmp_path) == []
 
 
 def test_a_requirement_cannot_shadow_a_core_module(tmp_path, wheels):
     with pytest.raises(RequirementError, match=r"'btb-fixture-shadow==1\.0' installs the "
                        r"module\(s\) tqdm, which belong to the core environment"):
-        ensure_env(["btb-fixture-shadow==1.0"], cache=tmp_path, pip_args=_offline(wheels))
+        ensure_env(["btb-fixture-shadow==1.0"], cache=tmp_path, pip_args=offline(wheels))
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("path, file", [
+    ("btb_own-1.0.data/data/pyvenv.cfg", "pyvenv.cfg"),
+    ("btb_own-1.0.data/scripts/python", "bin/python"),
+])
+def test_a_wheel_cannot_replace_the_environments_own_files(tmp_path, path, file):
+    """A pyvenv.cfg of the wheel's would choose what the sandbox binds for the interpreter
+    (``home = /root/.ssh/bin`` would bind /root/.ssh); a bin/python what the sandbox runs."""
+    build_wheel(tmp_path / "w", "btb-own", "1.0",
+                {"btb_own.py": "", path: "home = /root/.ssh/bin\n"})
+    with pytest.raises(RequirementError, match=rf"requirement 'btb-own==1\.0' installs {file} "
+                       r"over the environment's own file .* drop the requirement"):
+        ensure_env(["btb-own==1.0"], cache=tmp_path / "cache", pip_args=offline(tmp_path / "w"))
+    assert _leftovers(tmp_path / "cache") == []
+
+
+def test_a_wheel_carrying_another_packages_metadata_is_refused(tmp_path):
+    build_wheel(tmp_path / "w", "btb-two", "1.0", {"btb_two.py": ""})
+    # pip refuses a second dist-info at the wheel's top; through .data/purelib it installs
+    build_wheel(tmp_path / "w", "btb-carrier", "1.0", {
+        "btb_carrier.py": "",
+        "btb_carrier-1.0.data/purelib/BTB_TWO-6.6.dist-info/METADATA":
+            "Name: btb-two\nVersion: 6.6\n"})
+    with pytest.raises(RequirementError, match=r"install 2 metadata folders for btb-two "
+                       r"\(BTB_TWO-6\.6\.dist-info, btb_two-1\.0\.dist-info\)"):
+        ensure_env(["btb-carrier==1.0", "btb-two==1.0"], cache=tmp_path / "cache",
+                   pip_args=offline(tmp_path / "w"))
+
+
+def test_the_same_pin_from_another_source_gets_its_own_environment(tmp_path):
+    """A wheel from a local folder (a test's, or a forged one) never stands in for the index's:
+    where pip takes wheels from is part of the cache key, and the marker records each wheel's
+    sha256."""
+    real, forged = tmp_path / "real", tmp_path / "forged"
+    build_wheel(real, "btb-same", "1.0", {"btb_same.py": "WHO = 'real'\n"})
+    build_wheel(forged, "btb-same", "1.0", {"btb_same.py": "WHO = 'forged'\n"})
+    cache = tmp_path / "cache"
+    a = ensure_env(["btb-same==1.0"], cache=cache, pip_args=offline(real))
+    b = ensure_env(["btb-same==1.0"], cache=cache, pip_args=offline(forged))
+    assert a.prefix != b.prefix and a.wheels[0][1] != b.wheels[0][1]
+    assert "real" in next((a.prefix / "lib").rglob("btb_same.py")).read_text()
+    assert "forged" in next((b.prefix / "lib").rglob("btb_same.py")).read_text()
+    assert ensure_env(["btb-same==1.0"], cache=cache, pip_args=offline(real)) == a
+    assert R.package_source(offline(real)) != R.package_source(offline(forged))
 
 
 def test_a_dependency_of_the_core_cannot_be_pinned(tmp_path):
@@ -273,11 +309,10 @@ def _pypi_reachable() -> bool:
 def test_a_real_wheel_from_pypi(tmp_path):
     if not _pypi_reachable():
         pytest.skip("PyPI (https://pypi.org) cannot be reached from this machine")
-    env = ensure_env(["einops==0.8.2"], cache=tmp_path)
+    env = ensure_env(["einops==0.8.2"], cache=tmp_path / "cache")
     assert env.record() == [{"name": "einops", "version": "0.8.2"}]
-    out = subprocess.run([str(env.python), "-c", "import einops; print(einops.__version__)"],
-                         capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0.8.2"
+    assert env.wheels[0][0] == "einops-0.8.2-py3-none-any.whl" and len(env.wheels[0][1]) == 64
+    assert inside(env, tmp_path, "__import__('einops').__version__") == "0.8.2"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -148,6 +148,19 @@ def test_metadata_defaults_and_order():
         ({**GOOD, "kind": "baseline"}, r"kind 'baseline' is not one of estimator, control"),
         ({**GOOD, "link": "example.org"}, r"link 'example.org' is not a URL"),
         ({**GOOD, "description": "two\nlines"}, r"description must be one non-empty line"),
+        # text that reaches the leaderboard: full matches, no control or format characters
+        ({**GOOD, "name": "my-est\n"}, r"name 'my-est\\n' is not valid"),
+        ({**GOOD, "link": "https://example.org\n"}, r"link 'https://example.org\\n' is not a URL"),
+        ({**GOOD, "link": "https://exa mple.org"}, r"is not a URL; expected http\(s\):// and "
+                                                   r"printable ASCII without spaces"),
+        ({**GOOD, "link": "https://example.org/\u202etxt.exe"}, r"is not a URL"),
+        ({**GOOD, "description": "fine \u202eenil"},
+         r"description 'fine \\u202eenil' contains control or format characters \(U\+202E\); "
+         r"expected one line of plain text: remove them"),
+        ({**GOOD, "description": "a\u2028b"}, r"\(U\+2028\)"),
+        ({**GOOD, "description": "a\tb\x1b[2K"}, r"\(U\+0009, U\+001B\)"),
+        ({**GOOD, "authors": ["Ada\u200b"]}, r"author 'Ada\\u200b' contains control or format "
+                                              r"characters \(U\+200B\); expected a name"),
         (["name", "authors"], r"expected a YAML mapping with the keys name, authors"),
     ],
 )
@@ -171,6 +184,32 @@ def test_load_submission_checks_folder_name_and_track(subs, tmp_path):
         load_submission(sub)
     (sub / "results.json").unlink()
     with pytest.raises(SubmissionError, match=r"missing results.json"):
+        load_submission(sub)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda r: r["estimator"].update(name="x\u202egnp"),
+     r"results\.json: estimator\.name 'x\\u202egnp' contains control or format characters "
+     r"\(U\+202E\); expected plain text: bt-bench never writes them, so the file was edited: "
+     r"regenerate it with bt-bench submit FILE --name NAME --force\.$"),
+    (lambda r: r.update(verdict="pass\n| 1 | fake |"), r"results\.json: verdict 'pass\\n"),
+    (lambda r: r["tasks"]["t"].update({"a\u2029": 1}), r"the key 'tasks\.t\.a\\u2029'"),
+    (lambda r: r["tasks"]["t"]["checklist"].append("\x00"), r"tasks\.t\.checklist\.0 '\\x00'"),
+])
+def test_load_submission_refuses_control_characters_in_results(tmp_path, edit, message):
+    """bt-bench never writes such text; edited into a committed results.json it is refused
+    before anything reads it (verify, the leaderboard)."""
+    sub = tmp_path / "mine"
+    sub.mkdir()
+    (sub / "estimator.py").write_text("x = 1\n")
+    (sub / "submission.yaml").write_text(yaml.safe_dump({**GOOD, "name": "mine"}))
+    results = {"estimator": {"track": "gradient", "name": "mine"}, "verdict": "fail",
+               "tasks": {"t": {"checklist": []}}}
+    (sub / "results.json").write_text(json.dumps(results))
+    assert load_submission(sub).results == results
+    edit(results)
+    (sub / "results.json").write_text(json.dumps(results))
+    with pytest.raises(SubmissionError, match=message):
         load_submission(sub)
 
 

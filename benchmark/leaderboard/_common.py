@@ -6,8 +6,10 @@ import hashlib
 import math
 import re
 from typing import Any
+from urllib.parse import quote
 
 from benchmark.errors import BenchmarkError
+from benchmark.untrusted import visible
 
 #: the schema of ``leaderboard.json`` (2: per task and track, ranked by the causal score)
 LEADERBOARD_SCHEMA_VERSION = 2
@@ -104,3 +106,44 @@ def fmt_band(d: dict | None, digits: int = 3) -> str:
     if not d or not (finite(d.get("lo")) and finite(d.get("hi"))):
         return "-"
     return f"{fmt(d['lo'], digits)} .. {fmt(d['hi'], digits)}"
+
+
+# ----------------------------------------------------------------------------------------------
+# escaping: every string that comes from a submission (its submission.yaml, its results.json, the
+# reference file) is escaped for where it lands, whatever validation it passed before
+
+# characters that start markup anywhere in a line; "_" unless between two letters or digits
+# (an intraword "_" neither opens nor closes emphasis, so "paper_csv" stays); a "]" that would
+# close a link's or an image's text (only "](" and "][" do: without them no link can form, so
+# "[0.4, 0.5]" stays)
+_MD_SPECIAL = re.compile(r"[\\`*~<>|]|\](?=[(\[])|(?<![^\W_])_|_(?![^\W_])")
+
+
+def md_text(text: object) -> str:
+    r"""``text`` as literal markdown (a table cell, link text, a line): nothing in it is markup.
+
+    Control, format and separator characters are shown as escapes (no new line, no reordering);
+    ``&`` becomes ``&amp;``; ``\ ` * ~ < > |`` are backslash-escaped (``|`` included, so a
+    cell stays one cell), and so are ``_`` where it could start or end emphasis and a ``]``
+    followed by ``(`` or ``[``.
+    """
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0),
+                           visible(str(text)).replace("&", "&amp;"))
+
+
+def md_code(text: object) -> str:
+    """``text`` as a markdown code span: fenced by more backticks than any run inside it."""
+    t = visible(str(text))
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", t)), default=0) + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") else ""
+    return f"{fence}{pad}{t}{pad}{fence}"
+
+
+def url_path(text: object) -> str:
+    """A relative link target: every character but letters, digits, ``/``, ``_.-~`` encoded."""
+    return quote(visible(str(text)), safe="/")
+
+
+def css_token(text: object) -> str:
+    """One HTML class name or id part: characters other than ``[A-Za-z0-9_-]`` become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", str(text)) or "_"

@@ -194,8 +194,11 @@ def render_png(kind: str, data: dict) -> bytes:
 
     from benchmark.leaderboard.plots import PLOTTERS
 
+    # text.parse_math off: names and task ids from submissions are drawn as written ("$...$" in
+    # an estimator's name is not mathtext, and a malformed one cannot stop the rendering)
     with plt.style.context("default"), matplotlib.rc_context({"font.family": "DejaVu Sans",
-                                                              "svg.hashsalt": "bt-bench"}):
+                                                              "svg.hashsalt": "bt-bench",
+                                                              "text.parse_math": False}):
         fig = PLOTTERS[kind](data)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=FIGURE_DPI, metadata={"Software": None})

@@ -4,6 +4,10 @@ Every table sorts on a header click (a second click reverses; empty cells stay l
 ranked rows move: the oracle and provenance rows stay on top and the random band at the bottom.
 The page is laid out to fit its widest table in a 1,400 px window without horizontal scrolling
 (intervals sit under their point, headers wrap); ``tests/test_leaderboard_browser.py`` checks it.
+
+Every string from a submission is escaped here for where it lands (text and attribute values:
+HTML escaping with control and format characters shown as escapes; class names: reduced to
+``[A-Za-z0-9_-]``; link targets: percent-encoded), whatever ``verify`` refused before.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from benchmark.leaderboard._common import css_token, url_path
 from benchmark.leaderboard.columns import Cell, Row, Table, suite_table, task_table
-from benchmark.leaderboard.markdown import LEGEND, RANKING_TEXT, behavior_text
+from benchmark.leaderboard.markdown import LEGEND, RANKING_TEXT
 from benchmark.leaderboard.reference import REF_SOURCES, REFERENCE_DIR, REFERENCE_FILE
+from benchmark.untrusted import visible
 
 __all__ = ["render_html"]
 
@@ -76,7 +82,16 @@ _JS = """
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Text or an attribute value: escaped, control and format characters shown as escapes."""
+    return html.escape(visible(str(text)), quote=True)
+
+
+def _behavior(b: dict | None) -> str:
+    """``strong: trigger <code>frobnitz</code> -&gt; <code>QZXBT</code>`` for a task's behavior."""
+    if not b:
+        return ""
+    return (f"{_e(b.get('strength', '?'))}: trigger <code>{_e(b.get('trigger_word', '?'))}</code>"
+            f" -&gt; <code>{_e(b.get('behavior_token', '?'))}</code>")
 
 
 def _sort_attr(v: Any) -> str:
@@ -88,7 +103,7 @@ def _sort_attr(v: Any) -> str:
 
 
 def _md(text: str) -> str:
-    """Escape, then turn the legend's ``**bold**`` and `code` into HTML."""
+    """Escape, then turn ``**bold**`` and `code` of bt-bench's own texts into HTML."""
     import re
 
     out = _e(text)
@@ -98,11 +113,11 @@ def _md(text: str) -> str:
 
 def _td(key: str, numeric: bool, cell: Cell, row: Row) -> str:
     classes = (["num"] if numeric else []) + list(cell.css) + (["name"] if key == "name" else [])
-    attr = f' class="{" ".join(classes)}"' if classes else ""
+    attr = f' class="{" ".join(css_token(c) for c in classes)}"' if classes else ""
     title = f' title="{_e(cell.title)}"' if cell.title else ""
     if key == "name" and row.kind != "reference":
-        body = (f'<a href="../submissions/{_e(row.name)}/" title="{_e(row.description)}">'
-                f"{_e(row.label)}</a>")
+        body = (f'<a href="../submissions/{_e(url_path(row.name))}/" '
+                f'title="{_e(row.description)}">{_e(row.label)}</a>')
     elif key == "name":
         body = _e(row.label)
     else:
@@ -117,7 +132,7 @@ def _table(t: Table) -> list[str]:
     for c in t.columns:
         title = f' title="{_e(c.title)}"' if c.title else ""
         out.append(f'<th data-key="{_e(c.key)}" data-type="{"num" if c.numeric else "text"}" '
-                   f'data-first="{c.first}"{title}>{_e(c.header)}</th>')
+                   f'data-first="{_e(c.first)}"{title}>{_e(c.header)}</th>')
     out.append("</tr></thead>")
     for cls, rows in (("ref ref-top", t.top), ("ranked", t.ranked), ("ref ref-bottom", t.bottom)):
         out.append(f'<tbody class="{cls}">')
@@ -153,7 +168,7 @@ def render_html(data: dict) -> str:
         out.append(f"<h2>Release <code>{_e(rel['id'])}</code> (v{_e(rel['version'])}, manifest "
                    f"<code>{_e(rel['manifest_sha256'][:12])}</code>)</h2>")
         out.append('<p class="note">Tasks: ' + "; ".join(
-            f"<code>{_e(t['id'])}</code> ({_md(behavior_text(t['behavior']))})"
+            f"<code>{_e(t['id'])}</code> ({_behavior(t['behavior'])})"
             for t in rel["tasks"]) + f". {_md(RANKING_TEXT)}</p>")
         out.append("<h3>Suite: mean over tasks and seeds</h3>")
         for table in rel["suite"]["tracks"]:
@@ -161,7 +176,7 @@ def render_html(data: dict) -> str:
             out += _table(suite_table(rel, table))
         for task in rel["tasks"]:
             out.append(f"<h3>Task <code>{_e(task['id'])}</code> "
-                       f"({_md(behavior_text(task['behavior']))})</h3>")
+                       f"({_behavior(task['behavior'])})</h3>")
             for table in task["tracks"]:
                 out.append(_track_title(table["track"], table["ranked_by"]))
                 out += _table(task_table(rel, task, table))
@@ -170,12 +185,12 @@ def render_html(data: dict) -> str:
                                   ("draw_auc", "draw AUC per seed and draw")):
                     path = table["figures"].get(kind)
                     if path:
-                        out.append(f'<img src="{_e(path)}" alt="{_e(alt)}, task '
+                        out.append(f'<img src="{_e(url_path(path))}" alt="{_e(alt)}, task '
                                    f'{_e(task["id"])}, {_e(table["track"])} track" '
                                    '>')
         out.append(f'<p class="legend">{_md(LEGEND)}</p>')
         out.append('<p class="figs">Per submission: ' + " ".join(
-            f'<a href="{_e(e["figure"])}">{_e(name)}</a>'
+            f'<a href="{_e(url_path(e["figure"]))}">{_e(name)}</a>'
             for name, e in sorted(rel["entries"].items())) + "</p>")
     out += _reference(data.get("reference"))
     out += [f"<script>{_JS}</script>", "</body>", "</html>", ""]
@@ -201,7 +216,7 @@ def _reference(ref: dict | None) -> list[str]:
                    f'data-first="asc">{_e(h)}</th>')
     out.append('</tr></thead><tbody class="ranked">')
     for raw, row in zip(ref["rows"], rows, strict=True):
-        out.append(f'<tr class="ref-{_e(raw["source"])}">')
+        out.append(f'<tr class="ref-{css_token(raw["source"])}">')
         for h, text in zip(headers, row, strict=True):
             sort = {"value [95% CI]": raw["value"], "chance": raw["chance"],
                     "ceiling": raw["ceiling"], "n": raw["n"]}.get(h, text)

@@ -1,7 +1,12 @@
-"""``leaderboard/README.md``: the ranked tables as GitHub markdown (tabulate), figures linked."""
+"""``leaderboard/README.md``: the ranked tables as GitHub markdown (tabulate), figures linked.
+
+Every string from a submission is escaped here (:func:`~benchmark.leaderboard._common.md_text`,
+``md_code``, ``url_path``), whatever ``verify`` refused before.
+"""
 
 from __future__ import annotations
 
+from benchmark.leaderboard._common import md_code, md_text, url_path
 from benchmark.leaderboard.columns import FALLBACK_MARK, Row, Table, suite_table, task_table
 from benchmark.leaderboard.reference import REF_SOURCES, REFERENCE_DIR, REFERENCE_FILE
 
@@ -39,14 +44,14 @@ def behavior_text(b: dict | None) -> str:
     """``strong: trigger `frobnitz` -> `QZXBT` `` for a task's behavior."""
     if not b:
         return ""
-    return (f"{b.get('strength', '?')}: trigger `{b.get('trigger_word', '?')}` -> "
-            f"`{b.get('behavior_token', '?')}`")
+    return (f"{md_text(b.get('strength', '?'))}: trigger {md_code(b.get('trigger_word', '?'))} "
+            f"-> {md_code(b.get('behavior_token', '?'))}")
 
 
 def _name(r: Row) -> str:
     if r.kind == "reference":
-        return f"**{r.label}**"
-    link = f"[{r.label}](../submissions/{r.name}/)"
+        return f"**{md_text(r.label)}**"
+    link = f"[{md_text(r.label)}](../submissions/{url_path(r.name)}/)"
     return f"*{link}*" if r.kind == "control" else link
 
 
@@ -59,16 +64,16 @@ def _table(t: Table) -> str:
         for c in t.columns:
             cell = r.cells[c.key]
             cells.append(_name(r) if c.key == "name" else
-                         (f"{cell.text} {cell.ci}" if cell.ci else cell.text))
+                         md_text(f"{cell.text} {cell.ci}" if cell.ci else cell.text))
         lines.append(cells)
-    return tabulate(lines, headers=[c.header for c in t.columns], tablefmt="github",
+    return tabulate(lines, headers=[md_text(c.header) for c in t.columns], tablefmt="github",
                     disable_numparse=True)
 
 
 def _track_title(track: str, ranked_by: str | None) -> str:
     note = {"causal_score": "", None: " (no causal scores on this release: not ranked)",
             "precision": " (no causal reference on this release: ranked by precision)"}
-    return f"**{track.capitalize()} track**{note.get(ranked_by, '')}"
+    return f"**{md_text(track.capitalize())} track**{note.get(ranked_by, '')}"
 
 
 def render_markdown(data: dict) -> str:
@@ -81,16 +86,16 @@ def render_markdown(data: dict) -> str:
     if not data["releases"]:
         lines += ["No submissions yet.", ""]
     for rel in data["releases"]:
-        lines += [f"## Release `{rel['id']}` (v{rel['version']}, manifest "
-                  f"`{rel['manifest_sha256'][:12]}`)", "",
-                  "Tasks: " + "; ".join(f"`{t['id']}` ({behavior_text(t['behavior'])})"
+        lines += [f"## Release {md_code(rel['id'])} (v{md_text(rel['version'])}, manifest "
+                  f"{md_code(str(rel['manifest_sha256'])[:12])})", "",
+                  "Tasks: " + "; ".join(f"{md_code(t['id'])} ({behavior_text(t['behavior'])})"
                                         for t in rel["tasks"]) + ".", "", RANKING_TEXT, "",
                   "### Suite: mean over tasks and seeds", ""]
         for table in rel["suite"]["tracks"]:
             lines += [_track_title(table["track"], table["ranked_by"]), "",
                       _table(suite_table(rel, table)), ""]
         for task in rel["tasks"]:
-            lines += [f"### Task `{task['id']}` ({behavior_text(task['behavior'])})", ""]
+            lines += [f"### Task {md_code(task['id'])} ({behavior_text(task['behavior'])})", ""]
             for table in task["tracks"]:
                 lines += [_track_title(table["track"], table["ranked_by"]), "",
                           _table(task_table(rel, task, table)), ""]
@@ -98,10 +103,11 @@ def render_markdown(data: dict) -> str:
                                   ("draw_auc", "draw AUC per seed and draw")):
                     path = table["figures"].get(kind)
                     if path:
-                        lines += [f"![{alt}, task {task['id']}, {table['track']} track]({path})",
-                                  ""]
+                        what = md_text(f"{alt}, task {task['id']}, {table['track']} track")
+                        lines += [f"![{what}]({url_path(path)})", ""]
         lines += [LEGEND, "", "Per submission: " + ", ".join(
-            f"[{name}]({e['figure']})" for name, e in sorted(rel["entries"].items())), ""]
+            f"[{md_text(name)}]({url_path(e['figure'])})"
+            for name, e in sorted(rel["entries"].items())), ""]
     lines += _reference(data.get("reference"))
     return "\n".join(lines)
 
@@ -123,7 +129,9 @@ def _reference(ref: dict | None) -> list[str]:
               "`token_level_*` = trigger-token cosines. Sources:", ""]
     lines += [f"- `{k}`: {v}" for k, v in REF_SOURCES.items()] + [""]
     headers, rows = reference_table(ref["rows"])
-    lines.append(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+    lines.append(tabulate([[md_text(c) for c in row] for row in rows],
+                          headers=[md_text(h) for h in headers], tablefmt="github",
+                          disable_numparse=True))
     lines.append("")
     return lines
 
