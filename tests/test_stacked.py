@@ -83,7 +83,7 @@ def test_sampling_follows_the_model_and_the_release(sr, seed_ctx, micro_release)
     assert out[0] == [list(r) for r in rec[0]] and out[1] == out[0]
 
 
-def test_adamw_is_torchs_adamw_bit_for_bit():
+def test_adamw_is_torchs_fused_adamw_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     p = {"a": torch.randn(5, 3, dtype=torch.float64, generator=g),
          "b": torch.randn(7, dtype=torch.float64, generator=g)}
@@ -92,7 +92,7 @@ def test_adamw_is_torchs_adamw_bit_for_bit():
              "exp_avg_sq": {k: torch.zeros_like(v) for k, v in p.items()}}
     stack = S.Stack.of([state, state])
     ref = {k: torch.nn.Parameter(v.clone()) for k, v in p.items()}
-    opt = torch.optim.AdamW(ref.values(), lr=3e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(ref.values(), lr=3e-3, weight_decay=0.01, fused=True)
     for step in range(1, 4):
         grads = {k: torch.randn(v.shape, dtype=torch.float64, generator=g) for k, v in p.items()}
         for k, v in ref.items():
