@@ -13,14 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["disjoint_above", "overlap", "rank_rows"]
-
-
-def overlap(a: dict | None, b: dict | None) -> bool:
-    """Whether two ``{"lo", "hi"}`` intervals overlap (touching counts); False if one is missing."""
-    if not a or not b or None in (a.get("lo"), a.get("hi"), b.get("lo"), b.get("hi")):
-        return False
-    return a["lo"] <= b["hi"] and b["lo"] <= a["hi"]
+__all__ = ["disjoint_above", "rank_rows"]
 
 
 def disjoint_above(a: dict | None, b: dict | None) -> bool:
