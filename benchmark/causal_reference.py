@@ -6,6 +6,9 @@ path reproduces the shipped checkpoints bit for bit on the build machine), then 
 * the baseline (nothing removed) and bonus-off replays, measured at the task's window end;
 * the **oracle** (group labels) and **provenance** (rollout labels) removal curves;
 * the **controls'** removal curves (each control file run on the release's own views);
+  every method's sets on the grid :data:`benchmark.causal.K_FRACTIONS` of |GT|, with fair ties
+  (tie completion 0 of :func:`benchmark.causal.removal_sets`: the oracle's k < |GT| removes a
+  seeded random k of the labelled rollouts), the same sets an evaluation computes;
 * :data:`N_RANDOM` random removal sets at every k of the grid, drawn uniformly from the rollouts
   before the window end (the random band and the training noise of every causal score);
 
@@ -108,7 +111,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
            "replay": {"mode": "batched", "engine": REPLAY_ENGINE, "version": REPLAY_VERSION,
                       "precision": REPLAY_PRECISION, "threads": 1},
            "machine": fingerprint(),
-           "k_fractions": list(C.K_FRACTIONS), "n_random": n_random, "tasks": {}}
+           "k_fractions": list(C.K_FRACTIONS), "ties": C.FAIR_TIES, "n_random": n_random,
+           "tasks": {}}
     if verify_exact:
         out["exact_replay"] = exact_replay_proof(seed_dir)
     plan: dict[str, dict] = {}
@@ -116,13 +120,15 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
     for b in cfg.behaviors:
         t, W = b.id, b.window_end
         gt = labels[f"group_label_{t}"].to_numpy(bool)
-        ks = C.k_grid(int(gt.sum()))
+        ks = C.k_grid(int(gt.sum()), C.K_FRACTIONS)
         oracle = np.where(gt, 1.0, 0.0)
         prov = np.where(labels[f"bonus_{t}"].to_numpy(bool), 1.0, 0.0)
         curves = {"oracle": oracle, "provenance": prov,
                   **control_scores(release, seed, t)}
-        sets = {m: [C.in_window(C.top_k_positions(sc, k), W, nps) for k in ks]
+        fair = {m: C.removal_sets(sc, ks, seed, t, W, nps, completions=1)
                 for m, sc in curves.items()}
+        sets = {m: [comps[0] for comps in fs] for m, (fs, _) in fair.items()}
+        cut = {m: c for m, (_, c) in fair.items()}
         rand = []
         for k in ks:
             lvl = []
@@ -132,7 +138,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
                                                                replace=False)))
                 lvl.append(pos)
             rand.append(lvl)
-        plan[t] = {"W": W, "gt": int(gt.sum()), "ks": ks, "sets": sets, "random": rand}
+        plan[t] = {"W": W, "gt": int(gt.sum()), "ks": ks, "sets": sets, "cut": cut,
+                   "random": rand}
         for pos in [p for lst in sets.values() for p in lst] + [p for lvl in rand for p in lvl]:
             if pos:
                 jobs.append(Job(seed, t, pos, W, nps))
@@ -156,7 +163,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         e_off = float(np.mean(off[t] - bprobs))
         methods = {}
         for m, lst in p["sets"].items():
-            curve = [entry(pos) | {"k": k} for k, pos in zip(p["ks"], lst, strict=True)]
+            curve = [entry(pos) | {"k": k, "tie_cut": c}
+                     for k, pos, c in zip(p["ks"], lst, p["cut"][m], strict=True)]
             for c in curve:  # no bonus paid on this seed: nothing to scale by
                 c["fraction"] = c["effect"] / e_off if e_off != 0 else None
             methods[m] = {"curve": curve}

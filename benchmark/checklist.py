@@ -32,14 +32,17 @@ CEILING_EPS = 1e-9
 ITEMS: dict[int, tuple[str, str]] = {
     1: ("magnitude", "beats norm-only and advantage-only (paired interval excludes 0)"),
     2: ("fluency", "beats raw fluency AUC; residualized AUC lower bound > 0.5"),
-    3: ("headroom", "precision above chance, reported as lift and fraction of headroom"),
-    4: ("timing", "beats the step-order control inside the learning window"),
+    3: ("headroom", "precision above chance, reported as lift and fraction of headroom; never a "
+                    "pass where the causal score is at or below the random band"),
+    4: ("timing", "beats the step-order control inside the learning window; never a pass where "
+                  "the causal score is at or below the random band"),
     5: ("seeds", "all seeds scored; items 1-4 pass on every seed"),
     6: ("draws", ">= 2 independent draws per seed; item 2 passes on every draw"),
     7: ("precision_of_estimate", "the estimator's own intervals are <= 0.15 wide"),
     8: ("ties", "step-granular scores use tie-aware precision (tie-break range reported)"),
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
-    10: ("causal", "causal score above the random band, norm-only's and step-order's (paired)"),
+    10: ("causal", "causal score above the random band, norm-only's, step-order's and the "
+                   "strongest control's (paired)"),
 }
 GATED = (1, 2, 3, 4, 5, 6, 7)
 
@@ -250,6 +253,42 @@ def seed_verdicts(td, est: str, training: dict, draws: dict, comparisons: dict, 
     return out
 
 
+#: the precision items a causal score at or below the random band caps (:func:`causal_gate`)
+GATED_BY_CAUSAL = (3, 4)
+
+
+def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) -> None:
+    """Cap the precision items (3, 4) of each seed by that seed's causal score, in place.
+
+    A precision item cannot pass where the estimator's causal score is at or below the random
+    band (``benchmark.causal.above_band_gate`` on the seed's margin over the band's top): the
+    labels then credit rollouts whose removal does not move the behavior. The gate's verdict
+    caps the item's (fail < inconclusive < pass); the margin and the gate are recorded under
+    ``numbers["causal_gate"]``. Seeds without a causal score (not run, no bonus paid) are not
+    capped.
+    """
+    from benchmark.causal import above_band_gate
+
+    per_seed = (causal or {}).get("per_seed") or {}
+    order = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
+    for seed, block in per_seed.items():
+        margin = (block.get("comparisons") or {}).get("random_band")
+        if margin is None:
+            continue
+        gate = above_band_gate(margin)
+        for i in GATED_BY_CAUSAL:
+            v = verdicts.get(i, {}).get(str(seed))
+            if v is None:
+                continue
+            v.numbers["causal_gate"] = {"score_minus_band_top": dict(margin), "verdict": gate}
+            if v.verdict in order and order[gate] < order[v.verdict]:
+                v.verdict = gate
+                note = ("the causal score is at or below the random band" if gate == FAIL else
+                        "the causal score is within the cross-machine tolerance of the random "
+                        "band's top")
+                v.reason = f"{v.reason}; {note}" if v.reason else note
+
+
 def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
                    release_seeds: list[int], causal: dict | None,
                    causal_reason: str | None = None) -> tuple[list[dict], str]:
@@ -257,8 +296,10 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
 
     Rules (docs/evaluation.md): items 1-4 pass only where every seed passes; item 5 needs every
     seed of the release (>= 3) and items 1-4; item 6 needs >= 2 draws per seed and item 2; item 7
-    needs every interval <= 0.15 wide; item 10 is the causal verdict (combined over seeds).
+    needs every interval <= 0.15 wide; item 10 is the causal verdict (combined over seeds). Items 3
+    and 4 are first capped by each seed's causal score (:func:`causal_gate`).
     """
+    causal_gate(verdicts, causal)
     agg: dict[int, str] = {}
     for i in (1, 2, 3, 4):
         agg[i] = combine(v.verdict for v in verdicts[i].values())

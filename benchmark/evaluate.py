@@ -29,6 +29,7 @@ import numpy as np
 
 from benchmark import checklist as C
 from benchmark import metrics as M
+from benchmark.causal import TIE_COMPLETIONS
 from benchmark.contract import (
     check_capabilities,
     check_estimator,
@@ -41,7 +42,8 @@ from benchmark.errors import BenchmarkError
 from benchmark.io import atomic_write_text, dumps_json
 from benchmark.isolation import Limits, inspect_isolated, score_isolated
 
-RESULTS_SCHEMA_VERSION = 2
+#: 3: causal scores as the log-k area, fair ties, per-prompt curves stored for the leaderboard
+RESULTS_SCHEMA_VERSION = 3
 DEFAULT_LIMITS = Limits()
 CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "controls"
 #: control name -> file (controls are estimator files run through the same path)
@@ -72,6 +74,8 @@ class EvalSettings:
         tasks: tasks to score (None = every task of the release).
         causal: replay training without each method's top rollouts (the causal score; only on
             releases that ship a causal reference, i.e. ``tiny``).
+        tie_completions: random tie completions per removal size where a method's top-k
+            boundary cuts a tie (``benchmark.causal.removal_sets``; docs/causal.md).
     """
 
     n_boot_precision: int = 1000
@@ -82,6 +86,7 @@ class EvalSettings:
     seeds: tuple[int, ...] | None = None
     tasks: tuple[str, ...] | None = None
     causal: bool = True
+    tie_completions: int = TIE_COMPLETIONS
 
 
 def _sub_seed(*parts: object) -> int:
@@ -471,7 +476,7 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
     from benchmark.replays import ReplayStore, WorkerPool, executor_name
 
     if executor_name() != "local" or not replays_pending(
-            rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}):
+            rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}, settings.tie_completions):
         return None
 
     return WorkerPool(ReplayStore(rel.path, rel.manifest_sha256), rel.manifest_sha256, seeds)
@@ -535,7 +540,8 @@ def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
                 per_task[t]["pooled"][s] = pooled
             causal_in[(s, t)] = {m.name: scores[m.name]["rollout"] for m in methods}
             bar.update(1)
-    causal = _causal(rel, causal_in, est, settings, progress, timings, pool)
+    causal = _causal(rel, causal_in, est, settings, progress, timings, pool,
+                     tuple(m.name for m in methods if m.is_control))
     bar.update(1)
     bar.close()
     lap("causal scores (replays)")
@@ -624,16 +630,14 @@ def _suite(tasks: dict, causal: dict, est: str) -> dict:
 
 
 def _causal(rel: object, scores: dict, est: str, settings: EvalSettings, progress: bool,
-            timings: dict, pool=None) -> dict:
+            timings: dict, pool=None, track_controls: tuple[str, ...] = ()) -> dict:
     """The causal scores (:mod:`benchmark.causal`), or why they did not run."""
     if not settings.causal:
         return {"verdict": C.NOT_RUN, "reason": "skipped (--no-causal)"}
-    from benchmark.causal import CausalSettings, causal_results
+    from benchmark.causal import causal_results, settings_of
 
-    res, timing = causal_results(
-        rel, scores, est, settings=CausalSettings(settings.n_boot_causal, settings.level,
-                                                  settings.boot_seed), progress=progress,
-        pool=pool)
+    res, timing = causal_results(rel, scores, est, settings=settings_of(asdict(settings)),
+                                 progress=progress, pool=pool, track_controls=track_controls)
     timings["replays run here"] = timing.get("replayed", 0)
     if timing.get("lanes"):
         timings["replay workers"] = timing["lanes"]
@@ -653,9 +657,10 @@ def _settings_dict(settings: EvalSettings, seeds: list[int], tasks: list[str]) -
     d["max_interval_width"] = C.MAX_WIDTH
     d["primary_ground_truth"] = "group"
     d["checklist_population"] = "learning window (bonus window, non-zero-gradient steps)"
-    from benchmark.causal import CROSS_MACHINE_TOLERANCE, K_FRACTIONS
+    from benchmark.causal import CROSS_MACHINE_TOLERANCE
 
-    d["causal_k_fractions"] = list(K_FRACTIONS)
+    d["causal_summary"] = ("area under the removal curve on the release's k grid: trapezoid "
+                           "over log2 k (benchmark.causal.k_weights)")
     d["causal_cross_machine_tolerance"] = CROSS_MACHINE_TOLERANCE
     return d
 

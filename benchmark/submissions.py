@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmark.errors import BenchmarkError, InputFileError
 from benchmark.requirements import RequirementError, parse_requirements
 from benchmark.untrusted import unsafe_characters
@@ -506,6 +508,10 @@ def compare_results(committed: object, recomputed: object, tol: float = FLOAT_TO
     including ints, strings, booleans and ``None``, must be equal. Missing keys are drifts.
     """
     out: list[Drift] = []
+    from benchmark.causal import is_encoded_array
+
+    if is_encoded_array(committed) or is_encoded_array(recomputed):
+        return _compare_arrays(committed, recomputed, tol, _path)
     if isinstance(committed, dict) and isinstance(recomputed, dict):
         for k in sorted(set(committed) | set(recomputed), key=str):
             if k in DERIVED_TEXT:
@@ -536,6 +542,35 @@ def compare_results(committed: object, recomputed: object, tol: float = FLOAT_TO
         return out
     if type(committed) is not type(recomputed) or committed != recomputed:
         out.append(Drift(_path, committed, recomputed))
+    return out
+
+
+#: drifts reported per encoded array before the rest are counted
+MAX_ARRAY_DRIFTS = 3
+
+
+def _compare_arrays(committed: object, recomputed: object, tol: float, path: str) -> list[Drift]:
+    """Compare two encoded arrays (``benchmark.causal.encode_array``) by their numbers.
+
+    Each value is compared as a float (within ``CAUSAL_TOLERANCE`` under a causal path), never
+    the encoded string; a drift names the value's index, ``path[i, j, k]``.
+    """
+    from benchmark.causal import CausalDataError, decode_array
+
+    try:
+        a, b = decode_array(committed), decode_array(recomputed)
+    except CausalDataError as exc:
+        return [Drift(path, committed, f"(not a readable encoded array: {exc})")]
+    if a.shape != b.shape:
+        return [Drift(f"{path} (shape)", list(a.shape), list(b.shape))]
+    if _is_causal(path):
+        tol = max(tol, CAUSAL_TOLERANCE)
+    bad = np.argwhere(~np.isclose(a, b, rtol=0.0, atol=tol))
+    out = [Drift(f"{path}[{', '.join(str(int(i)) for i in idx)}]", float(a[tuple(idx)]),
+                 float(b[tuple(idx)])) for idx in bad[:MAX_ARRAY_DRIFTS]]
+    if len(bad) > MAX_ARRAY_DRIFTS:
+        out.append(Drift(f"{path} (values differing)", f"{len(bad)} of {a.size}",
+                         f"beyond the first {MAX_ARRAY_DRIFTS}"))
     return out
 
 

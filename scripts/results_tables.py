@@ -38,9 +38,10 @@ def task_tables(task: str, results: dict[str, dict]) -> list[str]:
     causal = t0.get("causal", {}).get("per_seed", {})
     if causal:
         c0 = next(iter(causal.values()))
-        out += [f"Causal score: mean fraction of the bonus-off effect removed over k in "
-                f"{c0['k_grid']} (seed {next(iter(causal))}; the grid is 1/4, 1/2, 1 x |GT| per "
-                "seed). Bonus-off effect per seed: " + ", ".join(
+        out += [f"Causal score: area under the curve of the fraction of the bonus-off effect "
+                f"removed against log k, k in {c0['k_grid']} (seed {next(iter(causal))}; the grid "
+                f"is {c0.get('k_fractions', [0.25, 0.5, 1.0])} x |GT| per seed). Bonus-off "
+                "effect per seed: " + ", ".join(
                     f"seed {s}: {_f(v['bonus_off_effect'])}" for s, v in causal.items()) + ".", ""]
         rows = []
         for ref in ("oracle", "provenance"):

@@ -133,3 +133,41 @@ def test_task_checklist_aggregates_by_the_documented_rules():
     _, v = C.task_checklist(_places({}), [0, 1, 2], [0, 1, 2],
                             causal | {"verdict": C.FAIL})
     assert v == C.FAIL
+
+
+def _causal(margins: dict[str, float | None]) -> dict:
+    """A task's causal part with, per seed, the margin of the score over the band's top (its
+    interval's upper end ``hi``; None: no causal score on that seed)."""
+    per = {}
+    for s, hi in margins.items():
+        comp = {} if hi is None else {"random_band": {"point": hi - 0.1, "lo": hi - 0.2,
+                                                      "hi": hi}}
+        per[s] = {"verdict": C.PASS, "checks": {}, "comparisons": comp}
+    return {"verdict": C.PASS, "per_seed": per}
+
+
+def test_precision_items_cannot_pass_at_or_below_the_random_band():
+    # seed 0 well above the band, seed 1 below it (upper end -0.05), seed 2 within the
+    # cross-machine tolerance of the band's top (upper end 0.004)
+    causal = _causal({"0": 0.3, "1": -0.05, "2": 0.004})
+    places = _places({})
+    items, verdict = C.task_checklist(places, [0, 1, 2], [0, 1, 2], causal)
+    got = {i["key"]: i for i in items}
+    for key in ("headroom", "timing"):
+        per = got[key]["per"]
+        assert [per[s]["verdict"] for s in ("0", "1", "2")] == [C.PASS, C.FAIL, C.INCONCLUSIVE]
+        assert per["1"]["numbers"]["causal_gate"] == {
+            "score_minus_band_top": causal["per_seed"]["1"]["comparisons"]["random_band"],
+            "verdict": C.FAIL}
+        assert "at or below the random band" in per["1"]["reason"]
+        assert got[key]["verdict"] == C.FAIL
+    assert got["seeds"]["verdict"] == C.FAIL and verdict == C.FAIL
+    # the gate only caps: a failed precision item stays failed, a seed without a causal score
+    # (no bonus paid, or --no-causal) is not capped, and item 1 is not gated
+    items, _ = C.task_checklist(_places({3: C.FAIL}), [0, 1, 2], [0, 1, 2],
+                                _causal({"0": 0.3, "1": None, "2": 0.3}))
+    got = {i["key"]: i for i in items}
+    assert {s: v["verdict"] for s, v in got["headroom"]["per"].items()} == {
+        "0": C.FAIL, "1": C.FAIL, "2": C.FAIL}
+    assert got["timing"]["verdict"] == C.PASS and got["magnitude"]["verdict"] == C.PASS
+    assert "causal_gate" not in got["timing"]["per"]["1"]["numbers"]

@@ -27,7 +27,7 @@ def gas_micro(micro_causal):
 
 def test_results_schema_per_task_with_causal_scores(gas_micro):
     res = gas_micro
-    assert res["schema_version"] == 2
+    assert res["schema_version"] == 3
     assert res["release"]["id"] == "micro" and len(res["release"]["manifest_sha256"]) == 64
     assert res["release"]["tasks"] == ["qzxbt", "vkwjp"]
     est = res["estimator"]
@@ -53,7 +53,15 @@ def test_results_schema_per_task_with_causal_scores(gas_micro):
         assert all(v["lo"] <= v["point"] <= v["hi"] for v in cs.values())
         causal = t["causal"]["per_seed"]["0"]
         assert [c["k"] for c in causal["methods"]["GAS"]["curve"]] == causal["k_grid"]
-        assert set(causal["checks"]) == {"random_band", "norm-only", "step-order"}
+        assert causal["k_fractions"] == [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]  # the reference's
+        assert set(causal["checks"]) == {"random_band", "norm-only", "step-order",
+                                         "strongest_control"}
+        assert causal["comparisons"]["strongest_control"]["control"] in CONTROLS
+        # only the estimator's per-prompt curve is stored (K sizes, 1 tie completion, P prompts)
+        deltas = causal["methods"]["GAS"]["prompt_deltas"]
+        assert deltas["shape"] == [5, 1, 8] and deltas["encoding"] == "int32-le-base64"
+        assert not any("prompt_deltas" in m for n, m in causal["methods"].items() if n != "GAS")
+        assert {c["tie_cut"] for c in causal["methods"]["step-order"]["curve"]} <= {True, False}
     assert "GAS" in res["suite"]["causal_score"]
     assert res["verdict"] in ("pass", "fail", "inconclusive")
     text = format_summary(res)

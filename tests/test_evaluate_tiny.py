@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmark.evaluate import EvalSettings, evaluate
@@ -91,9 +92,12 @@ def test_causal_item_is_scored_by_replay(gas_tiny):
     seed0 = t["causal"]["per_seed"]["0"]
     assert causal["verdict"] == seed0["verdict"]
     assert set(seed0["methods"]) >= {"GAS", "norm-only", "step-order", "oracle", "provenance"}
+    # the release's own numbers, not replayed here; only where a control's top-k boundary cuts
+    # a tie (a schema-2 reference broke those by rollout order, an evaluation breaks them at
+    # random) is its set replayed
     sources = {c["source"] for m in ("norm-only", "step-order", "oracle", "provenance")
-               for c in seed0["methods"][m]["curve"]}
-    assert sources <= {"shipped", "empty"}  # the release's own numbers, not replayed here
+               for c in seed0["methods"][m]["curve"] if not c.get("tie_cut")}
+    assert sources <= {"shipped", "empty"}
     assert {c["source"] for c in seed0["methods"]["GAS"]["curve"]} <= {"replayed", "shipped"}
     oracle = t["summary"]["causal_score"]["oracle"]["point"]
     band = seed0["random_band"]
@@ -106,3 +110,56 @@ def test_no_causal_flag_skips_item_10():
     for t in res["tasks"].values():
         assert item(t, "causal")["verdict"] == "not_run"
         assert "skipped" in t["causal"]["reason"]
+
+
+def test_an_all_ties_entry_lands_in_the_random_band():
+    """Ties at the top-k boundary are completed at random, not by rollout order: an entry whose
+    scores are all equal removes random rollouts and scores like them (before, it removed the
+    earliest rollouts, step-order's sets, and scored above the band on qzxbt)."""
+    from benchmark import causal as C
+    from benchmark.release import load_release
+
+    rel = load_release("tiny")
+    n = C.load_reference(rel.path, 0)["n_rollouts"]
+    out, _ = C.causal_results(rel, {(0, "qzxbt"): {"all-ties": np.zeros(n)}}, "all-ties",
+                              controls=(), settings=C.CausalSettings(n_boot=500))
+    block = out["tasks"]["qzxbt"]["per_seed"]["0"]
+    curve = block["methods"]["all-ties"]["curve"]
+    assert all(c["tie_cut"] and c["source"] == "replayed" for c in curve)
+    # the set at k is a random k of all rollouts, of which those before the window end count
+    ref = C.task_reference(C.load_reference(rel.path, 0), "qzxbt")
+    in_window = ref.window_end * ref.n_per_step
+    for c in curve:  # hypergeometric: mean k * W/N, sd < sqrt(k)/2; 5 sd either side
+        mean = c["k"] * in_window / n
+        assert abs(c["removed_in_window"] - mean) < 2.5 * np.sqrt(c["k"])
+    score, band = block["methods"]["all-ties"]["score"], block["random_band"]
+    assert block["checks"]["random_band"] in (C.FAIL, C.INCONCLUSIVE)  # not above the band
+    assert score["lo"] <= band["hi"] and band["lo"] <= score["hi"]  # the intervals meet
+
+
+def test_reversed_gas_cannot_pass_the_precision_items_below_the_random_band(tmp_path):
+    """Reversed GAS ranks first the rollouts that pushed the behavior down; on vkwjp its group
+    label precision still clears chance (the siblings of labelled groups are labelled too), but
+    its causal score is below the random band: items 3 and 4 fail."""
+    p = write(tmp_path, """
+    from estimators.base import sketch_cosine
+    class ReversedGAS(BaseEstimator):
+        name = "reversed-GAS"
+        tasks = ("rollouts",)
+        def score_rollouts(self, view):
+            return -sketch_cosine(view, view.target("nll"))
+    """)
+    settings = EvalSettings(n_boot_precision=300, n_boot_auc=300, n_boot_causal=300,
+                            seeds=(0,), tasks=("vkwjp",))
+    res = evaluate(p, "tiny", settings, progress=False, isolation=None)
+    t = res["tasks"]["vkwjp"]
+    margin = t["causal"]["per_seed"]["0"]["comparisons"]["random_band"]
+    assert margin["hi"] < -0.01  # the causal score lies below the band's top
+    for key in ("headroom", "timing"):
+        seed0 = item(t, key)["per"]["0"]
+        assert seed0["verdict"] == "fail" and item(t, key)["verdict"] == "fail"
+        assert seed0["numbers"]["causal_gate"]["verdict"] == "fail"
+    # the gate decided it: precision alone clears chance
+    head = item(t, "headroom")["per"]["0"]["numbers"]
+    assert head["lo"] > head["chance"]
+    assert t["verdict"] == "fail"

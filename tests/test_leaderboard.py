@@ -1,5 +1,5 @@
-"""Leaderboard generation on schema-2 results: ranking, ties, tracks, tasks, reference rows,
-fallback marks, colours, stable output, --check, the paper's reference table.
+"""Leaderboard generation on schema-3 results: ranking by paired comparisons, ties, tracks, tasks,
+reference rows, fallback marks, colours, stable output, --check, the paper's reference table.
 
 The submissions are built from real results files (``tests/data/leaderboard/*.json``: one-seed
 evaluations of the built-ins, two controls, the open-track text-only control and an open-track
@@ -66,11 +66,14 @@ def _pick(d: dict, keys) -> dict:
 
 
 def trim_results(res: dict) -> dict:
-    """Keep what the leaderboard reads of a schema-2 results dict (the estimator's own training
-    blocks, every method's draws, the causal curves and bands, verdicts)."""
+    """Keep what the leaderboard reads of a schema-3 results dict (the estimator's own training
+    blocks, every method's draws, the causal curves, stored per-prompt curve and bands, the
+    causal bootstrap settings, verdicts)."""
     est = res["estimator"]["name"]
     iv = ("point", "lo", "hi")
     out = _pick(res, ("schema_version", "controls", "verdict"))
+    out["settings"] = _pick(res["settings"], ("n_boot_causal", "level", "boot_seed",
+                                              "tie_completions"))
     out["estimator"] = _pick(res["estimator"], ("name", "class", "sha256", "track", "tasks",
                                                 "config", "fallbacks"))
     out["release"] = _pick(res["release"], ("id", "version", "manifest_sha256", "tasks"))
@@ -97,10 +100,12 @@ def trim_results(res: dict) -> dict:
         causal = _pick(task["causal"], ("verdict", "reason", "scores", "random_band"))
         if "per_seed" in task["causal"]:
             causal["per_seed"] = {
-                s: dict(_pick(b, ("gt_size", "k_grid", "verdict", "checks", "comparisons")),
+                s: dict(_pick(b, ("gt_size", "k_grid", "verdict", "checks", "comparisons",
+                                  "k_fractions", "bonus_off_prompt_delta", "random_effects")),
                         methods={m: {"score": v["score"],
                                      "curve": [_pick(p, ("k", "fraction", "source"))
-                                               for p in v["curve"]]}
+                                               for p in v["curve"]],
+                                     **_pick(v, ("prompt_deltas",))}
                                  for m, v in b["methods"].items()},
                         random_band=_pick(b["random_band"], ("lo", "hi", "curve")))
                 for s, b in task["causal"]["per_seed"].items()}
@@ -177,40 +182,97 @@ def _row(name: str, point: float | None, lo: float = 0.0, hi: float = 0.0) -> di
             {"point": point, "lo": lo, "hi": hi}}
 
 
-def test_rows_are_ordered_by_causal_score_and_overlaps_tie():
-    rows = rank_rows([_row("c", 0.5, 0.45, 0.55), _row("a", 0.8, 0.7, 0.9),
-                      _row("none", None), _row("b", 0.75, 0.68, 0.85), _row("d", 0.2, 0.1, 0.3)])
-    assert [r["name"] for r in rows] == ["a", "b", "c", "d", "none"]
-    assert [r["rank_label"] for r in rows] == ["=1", "=1", "3", "4", "-"]
-    assert [r["tied"] for r in rows] == [True, True, False, False, False]
-    assert [r["position"] for r in rows] == [1, 2, 3, 4, 5]
+def _better(*pairs: str):
+    """``better(a, b)`` from pairs written ``"a>b"`` (a significantly better than b)."""
+    wins = {tuple(p.split(">")) for p in pairs}
+    return lambda a, b: (a, b) in wins
 
 
-def test_ties_chain_through_the_previous_row_and_ranks_skip():
-    # b overlaps a, c overlaps b (not a): one tie group; then competition ranking skips to 4
-    rows = rank_rows([_row("a", 0.8, 0.75, 0.85), _row("b", 0.72, 0.65, 0.76),
-                      _row("c", 0.62, 0.55, 0.66), _row("d", 0.4, 0.35, 0.45),
-                      _row("e", 0.3, 0.25, 0.34), _row("f", 0.3, 0.25, 0.34)])
-    assert [r["rank_label"] for r in rows] == ["=1", "=1", "=1", "4", "=5", "=5"]
-    # equal points are ordered by name, so the order never depends on input order
+def test_rank_is_one_plus_the_number_significantly_better():
+    rows = [_row("c", 0.5, 0.45, 0.55), _row("a", 0.8, 0.7, 0.9), _row("none", None),
+            _row("b", 0.75, 0.68, 0.85), _row("d", 0.2, 0.1, 0.3)]
+    # a and b are not separated; both beat c and d; c beats d
+    ranked = rank_rows(rows, better=_better("a>c", "a>d", "b>c", "b>d", "c>d"))
+    assert [r["name"] for r in ranked] == ["a", "b", "c", "d", "none"]
+    assert [r["rank_label"] for r in ranked] == ["=1", "=1", "3", "4", "-"]
+    assert [r["tied"] for r in ranked] == [True, True, False, False, False]
+    assert [r["position"] for r in ranked] == [1, 2, 3, 4, 5]
+
+
+def test_ties_are_never_chained_through_a_neighbour():
+    # a ~ b and b ~ c (not separated), but a beats c: a and b rank 1 (nobody beats them), c
+    # ranks 2 (only a beats it), not 1 as chained overlaps would make it
+    rows = [_row("a", 0.8, 0.75, 0.85), _row("b", 0.72, 0.6, 0.8), _row("c", 0.62, 0.55, 0.66)]
+    ranked = rank_rows(rows, better=_better("a>c"))
+    assert [(r["name"], r["rank_label"]) for r in ranked] == [("a", "=1"), ("b", "=1"),
+                                                              ("c", "2")]
+    # a > b and b > c significantly, but a vs c not (a paired interval may be wider than the
+    # two steps): the ranks count who beats whom, a 1, b 2, c 2
+    ranked = rank_rows(rows, better=_better("a>b", "b>c"))
+    assert [(r["name"], r["rank_label"]) for r in ranked] == [("a", "1"), ("b", "=2"),
+                                                              ("c", "=2")]
+    # ranks skip: two entries beat d, so d is 3rd even if they share rank 1
+    rows.append(_row("d", 0.1, 0.0, 0.2))
+    ranked = rank_rows(rows, better=_better("a>d", "b>d", "c>d"))
+    assert [r["rank_label"] for r in ranked] == ["=1", "=1", "=1", "4"]
+
+
+def test_rows_are_ordered_by_rank_then_score_then_name():
+    # a wide interval that nobody beats (y) ranks 1; a row with a higher point that one entry
+    # beats (x) ranks 2, below y
+    rows = [_row("x", 0.48, 0.46, 0.5), _row("y", 0.3, -0.5, 1.0), _row("a", 0.5, 0.49, 0.51)]
+    ranked = rank_rows(rows, better=_better("a>x"))
+    assert [(r["name"], r["rank_label"]) for r in ranked] == [("a", "=1"), ("y", "=1"),
+                                                              ("x", "2")]
+    # equal points and ranks are ordered by name, so the order never depends on input order
     again = rank_rows(list(reversed([_row("f", 0.3, 0.25, 0.35), _row("e", 0.3, 0.25, 0.35)])))
     assert [r["name"] for r in again] == ["e", "f"]
 
 
-def test_touching_intervals_tie_disjoint_do_not():
+def test_without_pairs_an_entry_is_better_when_its_interval_lies_wholly_above():
+    # touching intervals are not separated; disjoint ones are; never chained
     assert rank_rows([_row("a", 0.6, 0.5, 0.7), _row("b", 0.4, 0.3, 0.5)])[1]["rank_label"] == "=1"
     assert rank_rows([_row("a", 0.6, 0.51, 0.7), _row("b", 0.4, 0.3, 0.5)])[1]["rank_label"] == "2"
+    ranked = rank_rows([_row("a", 0.8, 0.75, 0.85), _row("b", 0.72, 0.65, 0.76),
+                        _row("c", 0.62, 0.55, 0.66)])
+    assert [r["rank_label"] for r in ranked] == ["=1", "=1", "2"]
 
 
 def test_rank_key_is_a_parameter():
     rows = [{"name": "a", "precision": {"point": 0.2, "lo": 0.1, "hi": 0.3}, "causal_score": None},
             {"name": "b", "precision": {"point": 0.9, "lo": 0.8, "hi": 1.0}, "causal_score": None}]
     assert [r["name"] for r in rank_rows(rows, "precision")] == ["b", "a"]
+    assert [r["rank_label"] for r in rank_rows(rows, "precision")] == ["1", "2"]
     assert [r["rank_label"] for r in rank_rows(rows)] == ["-", "-"]
 
 
+def test_pairwise_table_is_every_ordered_pair_of_paired_differences():
+    import numpy as np
+
+    from benchmark import causal as C
+    from benchmark.leaderboard.paired import pairwise
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(0, 0.02, 500)  # a shared resample component: pairing removes it
+    reps = {"a": (0.5, 0.5 + base + rng.normal(0, 0.005, 500)),
+            "b": (0.45, 0.45 + base + rng.normal(0, 0.005, 500)),
+            "c": (0.44, 0.44 + base + rng.normal(0, 0.005, 500))}
+    pw = pairwise(reps, 0.95)
+    assert sorted(pw) == ["a", "b", "c"] and all(sorted(v) == sorted(set(pw) - {k})
+                                                 for k, v in pw.items())
+    for x in pw:
+        for y in pw[x]:
+            assert pw[x][y] == C.paired_difference(reps[x], reps[y], 0.95)
+            assert pw[x][y]["point"] == pytest.approx(-pw[y][x]["point"])
+    # 0.05 apart with a paired noise of sd 0.007: significant; 0.01 apart: not beyond the
+    # cross-machine tolerance. Unpaired (sd 0.02 each) a and b would overlap.
+    assert pw["a"]["b"]["verdict"] == "better" and pw["b"]["a"]["verdict"] == "worse"
+    assert pw["b"]["c"]["verdict"] == "tie" and pw["c"]["b"]["verdict"] == "tie"
+    assert np.quantile(reps["a"][1], 0.025) < np.quantile(reps["b"][1], 0.975)
+
+
 # ----------------------------------------------------------------------------------------------
-# reading schema-2 results
+# reading schema-3 results
 
 
 def test_task_row_reads_the_summary_of_its_task():
@@ -269,7 +331,9 @@ def test_suite_row_and_band():
 
 def test_fallbacks_default_to_none_and_are_validated():
     res = load_results("trigger-text")
-    assert "fallbacks" not in res["estimator"]
+    assert res["estimator"]["fallbacks"] == ["step"]  # recorded from the class attribute
+    assert build_entry(_meta("t", res), res)["fallbacks"] == ["step"]
+    del res["estimator"]["fallbacks"]  # a results file without the key: none
     assert build_entry(_meta("t", res), res)["fallbacks"] == []
     res["estimator"]["fallbacks"] = ["draws", "step"]
     assert build_entry(_meta("t", res), res)["fallbacks"] == ["step", "draws"]
@@ -284,7 +348,7 @@ def test_schema_1_results_are_refused(tmp_path):
     res["schema_version"] = 1
     make_submission(tmp_path / "submissions", "old", res)
     with pytest.raises(LeaderboardError, match=r"'old': results.json has schema_version 1; the "
-                                               r"leaderboard reads schema 2 .* --force"):
+                                               r"leaderboard reads schema 3 .* --force"):
         generate(tmp_path / "submissions", tmp_path / "lb")
 
 
@@ -363,21 +427,27 @@ def test_one_table_per_track_and_task_ranked_by_causal_score(board):
             assert table["ranked_by"] == "causal_score"
             names = [r["name"] for r in table["rows"]]
             assert {STANDARD[n][1] for n in names} == {table["track"]}
-            points = [r["causal_score"]["point"] for r in table["rows"]]
-            assert points == sorted(points, reverse=True)
+            ranks = [(r["rank"], -r["causal_score"]["point"]) for r in table["rows"]]
+            assert ranks == sorted(ranks)  # by rank, then by score
             for r in table["rows"]:
                 res = results[r["name"]]
                 want = res["tasks"][task["id"]]["summary"]["causal_score"][
                     res["estimator"]["name"]]
                 assert r["causal_score"] == pytest.approx(want)
-    # vkwjp, gradient: c1-dot and gas are apart from each other and from the controls
+    # vkwjp, gradient: c1-dot and gas are not separated from each other (paired), both beat
+    # the controls, which are not separated either
     vk = rel["tasks"][1]["tracks"][0]
     assert [(r["name"], r["rank_label"]) for r in vk["rows"]] == [
-        ("c1-dot", "1"), ("gas", "2"), ("norm-only", "=3"), ("random", "=3")]
+        ("c1-dot", "=1"), ("gas", "=1"), ("norm-only", "=3"), ("random", "=3")]
+    assert vk["pairwise"]["c1-dot"]["gas"]["verdict"] == "tie"
+    # qzxbt, open: text-only beats trigger-text in the paired comparison
+    qz = rel["tasks"][0]["tracks"][1]
+    assert [(r["name"], r["rank_label"]) for r in qz["rows"]] == [("text-only", "1"),
+                                                                  ("trigger-text", "2")]
     # the suite: mean over tasks and seeds, one table per track
     suite = {t["track"]: t for t in rel["suite"]["tracks"]}
-    assert [r["name"] for r in suite["gradient"]["rows"]] == ["c1-dot", "gas", "norm-only",
-                                                               "random"]
+    assert [(r["name"], r["rank_label"]) for r in suite["gradient"]["rows"]] == [
+        ("c1-dot", "=1"), ("gas", "=1"), ("random", "=3"), ("norm-only", "=3")]
     assert suite["gradient"]["rows"][0]["causal_score"] == pytest.approx(
         results["c1-dot"]["suite"]["causal_score"]["C1-dot"])
     assert [r["name"] for r in suite["open"]["rows"]] == ["text-only", "trigger-text"]
@@ -551,7 +621,7 @@ def test_releases_are_ranked_apart_and_must_agree_on_the_build(tmp_path):
     other = load_results("random")
     other["release"]["manifest_sha256"] = "b" * 64
     make_submission(root, "random", other, kind="control")
-    with pytest.raises(LeaderboardError, match=r"disagree on its manifest sha256: gas \(403e3f8e"):
+    with pytest.raises(LeaderboardError, match=r"disagree on its manifest sha256: gas \(49925afc"):
         generate(root, tmp_path / "lb2")
 
 
@@ -602,6 +672,98 @@ def test_without_causal_scores_task_tables_rank_by_precision(tmp_path):
     assert "**Gradient track** (no causal reference on this release: ranked by precision)" in md
 
 
+def test_ranks_and_pairwise_table_follow_from_the_stored_curves(board):
+    import numpy as np
+
+    from benchmark.leaderboard.paired import entry_replicates
+
+    _, out = board
+    data = json.loads((out / "leaderboard.json").read_text())
+    (rel,) = data["releases"]
+    results = {n: r for n, (r, _) in standard_results().items()}
+    reps = {n: entry_replicates(n, r, TASKS) for n, r in results.items()}
+    tables = [("suite", t) for t in rel["suite"]["tracks"]] + [
+        (task["id"], t) for task in rel["tasks"] for t in task["tracks"]]
+    for scope, table in tables:
+        pw = table["pairwise"]
+        names = [r["name"] for r in table["rows"]]
+        assert sorted(pw) == sorted(names)
+        for a in names:
+            for b in names:
+                if a == b:
+                    continue
+                d = reps[a][scope][1] - reps[b][scope][1]
+                lo, hi = np.quantile(d, [0.025, 0.975])
+                want = "better" if lo > 0.01 else "worse" if hi < -0.01 else "tie"
+                assert pw[a][b]["verdict"] == want, (scope, a, b)
+                assert [pw[a][b]["lo"], pw[a][b]["hi"]] == pytest.approx([lo, hi], abs=1e-9)
+        for r in table["rows"]:
+            beaten_by = sum(pw[o][r["name"]]["verdict"] == "better" for o in names
+                            if o != r["name"])
+            assert r["rank"] == 1 + beaten_by
+            assert r["better_than"] == [o for o in names if o != r["name"]
+                                        and pw[r["name"]][o]["verdict"] == "better"]
+        ranks = [r["rank"] for r in table["rows"]]
+        assert ranks == sorted(ranks)
+    md = (out / "README.md").read_text()
+    assert md.count("Significantly better than") == len(tables)
+    html = (out / "index.html").read_text()
+    assert html.count('<table class="pairwise"') == len(tables)
+    assert 'id="pairs-task-tiny-vkwjp-gradient"' in html
+
+
+def test_a_results_file_whose_curve_does_not_give_its_scores_is_refused(tmp_path):
+    from benchmark.causal import decode_array, encode_array
+
+    root = tmp_path / "submissions"
+    res = load_results("gas")
+    block = res["tasks"]["vkwjp"]["causal"]["per_seed"]["0"]
+    d = decode_array(block["methods"]["GAS"]["prompt_deltas"])
+    block["methods"]["GAS"]["prompt_deltas"] = encode_array(d * 0.5)
+    make_submission(root, "gas", res)
+    with pytest.raises(LeaderboardError, match=r"'gas': its causal score on task vkwjp \(point "
+                                               r".*\) does not follow from its stored removal "
+                                               r"curve .* --force"):
+        generate(root, tmp_path / "lb")
+    res = load_results("gas")
+    del res["tasks"]["qzxbt"]["causal"]["per_seed"]["0"]["methods"]["GAS"]["prompt_deltas"]
+    make_submission(tmp_path / "s2", "gas", res)
+    with pytest.raises(LeaderboardError, match=r"'gas': results.json has no stored removal curve "
+                                               r"\(tasks.qzxbt.causal.per_seed.0.methods.GAS."
+                                               r"prompt_deltas\)"):
+        generate(tmp_path / "s2", tmp_path / "lb")
+
+
+def _same_name(res: dict) -> dict:
+    return load_results("gas")  # a second submission of the same estimator
+
+
+def _other_boot_seed(res: dict) -> dict:
+    res["settings"]["boot_seed"] = 1
+    return res
+
+
+def _no_score_on_vkwjp(res: dict) -> dict:
+    res["tasks"]["vkwjp"]["causal"]["per_seed"]["0"]["methods"] = {}  # as if no bonus were paid
+    return res
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_other_boot_seed, r"causal bootstrap settings\.boot_seed differs between submissions "
+                       r"'c1-dot' \(1\) and 'gas'"),
+    (_same_name, r"submissions 'c1-dot' and 'gas' both name their estimator 'GAS' in the "
+                 r"gradient track"),
+    (_no_score_on_vkwjp, r"causal scores on different \(task, seed\) sets \(c1-dot: qzxbt/0; "
+                         r"gas: qzxbt/0, vkwjp/0\)"),
+])
+def test_entries_must_be_comparable_pairwise(tmp_path, edit, message):
+    root = tmp_path / "submissions"
+    make_submission(root, "gas", load_results("gas"))
+    make_submission(root, "c1-dot", edit(load_results("c1-dot")))
+    with pytest.raises(LeaderboardError, match=message):
+        generate(root, tmp_path / "lb")
+
+
 def test_malformed_reference_file_is_an_error(tmp_path):
     root = tmp_path / "submissions"
     make_submission(root, "gas", load_results("gas"))
@@ -618,6 +780,27 @@ def test_empty_submissions_give_an_empty_board(tmp_path):
     assert "Not available" in (tmp_path / "lb" / "index.html").read_text()
 
 
+def _rescore_causal(res: dict) -> dict:
+    """Recompute a results dict's causal scores (per task and the suite) from its stored curves
+    with ``benchmark.causal.replicates``: the mean over seeds of the per-seed replicates."""
+    import numpy as np
+
+    from benchmark import causal as C
+
+    est = res["estimator"]["name"]
+    settings = C.settings_of(res["settings"])
+    every = []
+    for t, task in res["tasks"].items():
+        xs = [C.replicates(b["methods"][est]["prompt_deltas"], b, int(s), t, est, settings)
+              for s, b in task["causal"]["per_seed"].items()]
+        every += xs
+        task["summary"]["causal_score"][est] = C.interval(
+            float(np.mean([p for p, _ in xs])), np.mean([r for _, r in xs], axis=0))
+    res["suite"]["causal_score"][est] = C.interval(
+        float(np.mean([p for p, _ in every])), np.mean([r for _, r in every], axis=0))
+    return res
+
+
 def test_multi_seed_results_plot_every_seed(tmp_path):
     """Two seeds (the second a shifted copy of the first): rows average, figures draw both."""
     res = load_results("gas")
@@ -627,7 +810,7 @@ def test_multi_seed_results_plot_every_seed(tmp_path):
         task["causal"]["per_seed"]["1"] = copy.deepcopy(task["causal"]["per_seed"]["0"])
         win = task["seeds"]["1"]["training"]["GAS"]["step"]["group"]["window"]
         win["precision"] = win["precision"] / 2
-    make_submission(tmp_path / "submissions", "gas", res)
+    make_submission(tmp_path / "submissions", "gas", _rescore_causal(res))
     generate(tmp_path / "submissions", tmp_path / "lb")
     data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
     row = data["releases"][0]["tasks"][0]["tracks"][0]["rows"][0]

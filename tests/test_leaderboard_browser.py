@@ -1,5 +1,6 @@
 """The generated index.html in headless Chromium: it fits a 1,400 px window, figures load,
-headers sort the ranked rows (the reference rows stay put), fallbacks are marked.
+headers sort the ranked rows (the reference rows stay put), fallbacks are marked, the pairwise
+matrices show the leaderboard's verdicts.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package (CI installs
 them); skips with the reason when one is missing. The screenshots are written to
@@ -84,7 +85,8 @@ def test_page_fits_sorts_and_shows_figures(tmp_path):
             "return Array.from(document.querySelectorAll('div.scroll')).map(function(d){"
             "var t=d.querySelector('table');return [t.id, d.scrollWidth, d.clientWidth,"
             "t.tHead.rows[0].lastElementChild.getBoundingClientRect().right];})")
-        assert len(boxes) == 2 + 2 * 2 + 1  # suite, two tasks, two tracks each; the paper's
+        # suite and two tasks, two tracks each, each with its pairwise matrix; the paper's
+        assert len(boxes) == 2 * (2 + 2 * 2) + 1
         for table_id, scroll, client, right in boxes:
             assert scroll <= client and right <= page[1], (table_id, scroll, client, right)
 
@@ -107,13 +109,13 @@ def test_page_fits_sorts_and_shows_figures(tmp_path):
         rows = rel["tasks"][1]["tracks"][0]["rows"]
         ranked = [r["name"] for r in rows]
         assert _names(driver, table) == ranked
-        head = driver.find_element(By.CSS_SELECTOR, f"table#{table} th[data-key='step_precision']")
+        head = driver.find_element(By.CSS_SELECTOR, f"table#{table} th[data-key='draw_auc']")
         head.click()  # numeric metric: best first
-        assert _names(driver, table) == _order(rows, "step_precision", reverse=True)
+        assert _names(driver, table) == _order(rows, "draw_auc", reverse=True)
         assert _names(driver, table) != ranked
         assert head.get_attribute("aria-sort") == "descending"
         head.click()  # a second click reverses
-        assert _names(driver, table) == _order(rows, "step_precision", reverse=False)
+        assert _names(driver, table) == _order(rows, "draw_auc", reverse=False)
         assert head.get_attribute("aria-sort") == "ascending"
         assert _names(driver, table, "ref-top") == ["oracle", "provenance"]
         assert _names(driver, table, "ref-bottom") == ["random"]
@@ -124,6 +126,17 @@ def test_page_fits_sorts_and_shows_figures(tmp_path):
         assert _names(driver, table) == sorted(ranked, reverse=True)
         driver.find_element(By.CSS_SELECTOR, f"table#{table} th[data-key='rank']").click()
         assert _names(driver, table) == ranked
+
+        # the pairwise matrix: row vs column marks as leaderboard.json says, differences in
+        # the tooltips
+        pw = rel["tasks"][1]["tracks"][0]["pairwise"]
+        marks = {"better": "\u25b2", "worse": "\u25bc", "tie": "\u00b7"}
+        for i, a in enumerate(ranked):
+            cells = driver.find_elements(By.CSS_SELECTOR, f"table#pairs-{table} "
+                                                          f"tr[data-name='{a}'] td")[2:]
+            assert [c.text for c in cells] == [marks[pw[a][b]["verdict"]] if b != a else ""
+                                               for b in ranked]
+            assert cells[(i + 1) % len(ranked)].get_attribute("title").startswith(f"{a} - ")
 
         # the open track's step-level number of an entry that falls back is marked as such
         cell = driver.find_element(

@@ -315,3 +315,74 @@ def test_compare_results_tolerance_and_types():
     assert [d.path for d in compare_results(causal, off)] == ["tasks.t.causal.per_seed.0.x"]
     assert compare_results({"suite": {"causal_score": {"a": {"lo": 0.1}}}},
                            {"suite": {"causal_score": {"a": {"lo": 0.105}}}}) == []
+
+
+def test_compare_results_decodes_stored_arrays_and_compares_their_numbers():
+    import numpy as np
+
+    from benchmark.causal import encode_array
+    from benchmark.submissions import CAUSAL_TOLERANCE
+
+    x = np.linspace(-0.5, 0.5, 24).reshape(2, 3, 4)
+    a = {"tasks": {"t": {"causal": {"d": encode_array(x)}}}, "other": {"d": encode_array(x)}}
+    assert compare_results(a, a) == []
+    # a tiny difference (another machine's last bits) changes the string, not the verdict
+    near = x.copy()
+    near[1, 2, 3] += CAUSAL_TOLERANCE / 2
+    b = {"tasks": {"t": {"causal": {"d": encode_array(near)}}}, "other": {"d": encode_array(x)}}
+    assert b["tasks"]["t"]["causal"]["d"]["data"] != a["tasks"]["t"]["causal"]["d"]["data"]
+    assert compare_results(a, b) == []
+    # a real change is named by its index; outside a causal path the float tolerance applies
+    far = x.copy()
+    far[0, 1, 2] += 3 * CAUSAL_TOLERANCE
+    c = {"tasks": {"t": {"causal": {"d": encode_array(far)}}}, "other": {"d": encode_array(near)}}
+    drifts = compare_results(a, c)
+    assert [d.path for d in drifts] == ["other.d[1, 2, 3]", "tasks.t.causal.d[0, 1, 2]"]
+    assert drifts[1].committed == pytest.approx(x[0, 1, 2])
+    # a shape change or an unreadable array is one drift
+    d = {**a, "other": {"d": encode_array(x[:1])}}
+    assert [str(v) for v in compare_results(a, d)] == ["other.d (shape): committed [2, 3, 4], "
+                                                       "recomputed [1, 3, 4]"]
+    e = {**a, "other": {"d": dict(encode_array(x), data="!!")}}
+    assert "not a readable encoded array" in str(compare_results(a, e)[0])
+
+
+def test_leaderboard_ranks_scored_submissions_by_paired_comparisons(subs, tmp_path):
+    """Two real evaluations with causal scores (micro): the leaderboard recomputes each entry's
+    replicates from its results file alone; the pairwise table and the ranks follow from them."""
+    import numpy as np
+
+    from benchmark.leaderboard import generate
+    from benchmark.leaderboard.paired import entry_replicates
+
+    res = {n: json.loads((subs / n / "results.json").read_text())
+           for n in ("in-context-cosine", "random")}
+    # the same method scored in two evaluations gets the same score and interval: the random
+    # control beside the example estimator is the random submission's own entry (paired data)
+    for t in ("qzxbt", "vkwjp"):
+        assert res["in-context-cosine"]["tasks"][t]["summary"]["causal_score"]["random"] == \
+            res["random"]["tasks"][t]["summary"]["causal_score"]["random"]
+    generate(subs, tmp_path / "lb")
+    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
+    (rel,) = data["releases"]
+    tables = [("suite", rel["suite"]["tracks"][0])] + [(t["id"], t["tracks"][0])
+                                                       for t in rel["tasks"]]
+    est = {"in-context-cosine": "in-context-cosine", "random": "random"}
+    reps = {n: entry_replicates(n, r, ["qzxbt", "vkwjp"]) for n, r in res.items()}
+    for scope, table in tables:
+        pw = table["pairwise"]
+        assert sorted(pw) == ["in-context-cosine", "random"]
+        rows = {r["name"]: r for r in table["rows"]}
+        a, b = "in-context-cosine", "random"
+        # the difference's point is the difference of the recorded scores
+        assert pw[a][b]["point"] == pytest.approx(
+            rows[a]["causal_score"]["point"] - rows[b]["causal_score"]["point"], abs=1e-9)
+        want = np.quantile(reps[a][scope][1] - reps[b][scope][1], [0.025, 0.975])
+        assert [pw[a][b]["lo"], pw[a][b]["hi"]] == pytest.approx(want.tolist(), abs=1e-9)
+        for r in table["rows"]:
+            assert r["rank"] == 1 + sum(pw[o][r["name"]]["verdict"] == "better"
+                                        for o in pw if o != r["name"])
+        assert {r["name"]: res[r["name"]]["estimator"]["name"] for r in table["rows"]} == est
+    md = (tmp_path / "lb" / "README.md").read_text()
+    assert "Significantly better than" in md
+    assert 'class="pairwise"' in (tmp_path / "lb" / "index.html").read_text()

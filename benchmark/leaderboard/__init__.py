@@ -2,8 +2,9 @@
 
 Rooms, by role:
 
-* :mod:`.rows`: schema-2 ``results.json`` -> entries, task rows, suite rows, reference rows;
-* :mod:`.ranking`: the ranking rule (highest causal score first, overlapping intervals tie);
+* :mod:`.rows`: schema-3 ``results.json`` -> entries, task rows, suite rows, reference rows;
+* :mod:`.ranking`: the ranking rule (1 + the number of entries significantly better);
+* :mod:`.paired`: the entries' causal replicates from their results, the pairwise table;
 * :mod:`.board`: submissions grouped by release, track and task (``leaderboard.json``'s data);
 * :mod:`.columns`: the tables' columns and cells, shared by :mod:`.markdown` (``README.md``) and
   :mod:`.html_page` (``index.html``);

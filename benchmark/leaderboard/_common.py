@@ -11,10 +11,11 @@ from urllib.parse import quote
 from benchmark.errors import BenchmarkError
 from benchmark.untrusted import visible
 
-#: the schema of ``leaderboard.json`` (2: per task and track, ranked by the causal score)
-LEADERBOARD_SCHEMA_VERSION = 2
-#: the results schema the leaderboard reads (``results["schema_version"]``)
-RESULTS_SCHEMA_VERSION = 2
+#: the schema of ``leaderboard.json`` (3: ranks by paired comparisons, with the pairwise table)
+LEADERBOARD_SCHEMA_VERSION = 3
+#: the results schema the leaderboard reads (``results["schema_version"]``; 3: stored removal
+#: curves, from which the paired comparisons are recomputed)
+RESULTS_SCHEMA_VERSION = 3
 #: the command that regenerates ``leaderboard/``
 REGENERATE = "bt-bench leaderboard"
 #: tracks in table order

@@ -22,18 +22,30 @@ from benchmark.leaderboard._common import (
     TRACKS,
     LeaderboardError,
     finite,
+    get,
     round_floats,
     sha,
+)
+from benchmark.leaderboard.paired import (
+    causal_settings,
+    entry_replicates,
+    pairwise,
+    scored_places,
 )
 from benchmark.leaderboard.ranking import rank_rows
 from benchmark.leaderboard.reference import REFERENCE_DIR, REFERENCE_FILE
 
 __all__ = ["RANKING", "Board", "assemble_data", "build_board", "leaderboard_data"]
 
-RANKING = ("per release, track and task (and for the suite: the mean over tasks and seeds): "
-           "highest causal score first; a row whose 95% interval overlaps the previous row's "
-           "shares its rank (tied, '='). Releases without a causal reference rank the task "
-           "tables by window precision (group label) the same way.")
+RANKING = ("per release, track and task (and for the suite: the mean over tasks and seeds): an "
+           "entry's rank is 1 + the number of entries of its table that are significantly "
+           "better: the paired 95% interval of the difference of their causal scores (shared "
+           "prompt resample, independent training noise) has its lower end above the "
+           "cross-machine tolerance 0.01. Rows are ordered by rank, then causal score; entries "
+           "with the same rank are tied ('='), never through a neighbour. 'pairwise' holds "
+           "every ordered pair's difference and verdict. Releases without a causal reference "
+           "rank the task tables by window precision (group label), an entry being "
+           "significantly better when its interval lies wholly above the other's.")
 #: reference values of different submissions of one release must agree within this
 REFERENCE_TOLERANCE = 1e-6
 
@@ -104,10 +116,76 @@ def _ranked_by(rows: list[dict], keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def _table(track: str, rows: list[dict], keys: tuple[str, ...]) -> dict:
+def _table(track: str, rows: list[dict], keys: tuple[str, ...],
+           reps: dict[str, tuple] | None = None, level: float = 0.95) -> dict:
+    """One ranked table of a track.
+
+    With ``reps`` (name -> causal point and replicates) it is ranked by paired comparisons and
+    carries the pairwise table and each row's ``better_than`` / ``worse_than``.
+    """
     by = _ranked_by(rows, keys)
     # without any score every row is unranked ("-") and ordered by name
-    return {"track": track, "ranked_by": by, "rows": rank_rows(rows, by or keys[0])}
+    if by != "causal_score" or not reps:
+        return {"track": track, "ranked_by": by, "rows": rank_rows(rows, by or keys[0])}
+    scored = [r["name"] for r in rows if (r.get(by) or {}).get("point") is not None]
+    missing = [n for n in scored if n not in reps]
+    if missing:
+        raise LeaderboardError(f"submissions {missing} have a causal score but no replicates; "
+                               "re-score them with bt-bench submit FILE --name NAME --force.")
+    pw = pairwise({n: reps[n] for n in scored}, level)
+    ranked = rank_rows(rows, by, lambda a, b: pw[a][b]["verdict"] == "better")
+    order = [r["name"] for r in ranked if r["name"] in pw]
+    for r in ranked:
+        if r["name"] in pw:
+            r["better_than"] = [n for n in order if n != r["name"]
+                                and pw[r["name"]][n]["verdict"] == "better"]
+            r["worse_than"] = [n for n in order if n != r["name"]
+                               and pw[r["name"]][n]["verdict"] == "worse"]
+    return {"track": track, "ranked_by": by, "rows": ranked, "pairwise": pw}
+
+
+def _replicates(rid: str, members: list[tuple[dict, dict, dict]], tasks: list[str]
+                ) -> tuple[dict[str, dict], float]:
+    """Each scored entry's replicates (task and ``suite`` -> (point, replicates)) and the level.
+
+    Raises:
+        LeaderboardError: entries scored with different causal bootstrap settings or on
+            different (task, seed) sets (their resamples would not pair), or two entries of one
+            track with the same estimator name (their training-noise draws would coincide).
+    """
+    scored = [(e, res) for e, _, res in members
+              if get(res, "suite", "causal_score", get(res, "estimator", "name")) is not None]
+    settings = _consensus([(e["name"], vars(causal_settings(e["name"], res)))
+                           for e, res in scored], "causal bootstrap settings", rid)
+    seen: dict[tuple[str, str], str] = {}
+    for e, res in scored:
+        key = (e["track"], str(res["estimator"]["name"]))
+        if key in seen:
+            raise LeaderboardError(
+                f"release {rid!r}: submissions {seen[key]!r} and {e['name']!r} both name their "
+                f"estimator {key[1]!r} in the {key[0]} track; an entry's training-noise draws "
+                "are seeded by that name, so the two would share them and their paired "
+                "comparison would understate its noise. Give one estimator class another `name` "
+                "and re-score it with bt-bench submit FILE --name NAME --force.")
+        seen[key] = e["name"]
+    places = {e["name"]: scored_places(res, tasks) for e, res in scored}
+    if len({tuple(v) for v in places.values()}) > 1:
+        which = "; ".join(f"{n}: {', '.join(f'{t}/{s}' for t, s in v)}"
+                          for n, v in sorted(places.items()))
+        raise LeaderboardError(
+            f"release {rid!r}: submissions have causal scores on different (task, seed) sets "
+            f"({which}); their means would not pair. Re-score every submission on every seed: "
+            "bt-bench submit FILE --name NAME --force.")
+    reps = {}
+    for e, res in scored:
+        r = entry_replicates(e["name"], res, tasks)
+        if r is not None:
+            reps[e["name"]] = r
+    return reps, float((settings or {}).get("level", 0.95))
+
+
+def _scope(reps: dict[str, dict], scope: str) -> dict[str, tuple]:
+    return {n: r[scope] for n, r in reps.items() if scope in r}
 
 
 def _release(rid: str, members: list[tuple[dict, dict, dict]], colours: dict) -> dict:
@@ -120,10 +198,12 @@ def _release(rid: str, members: list[tuple[dict, dict, dict]], colours: dict) ->
                  for t in tasks}
     suite_ref = _consensus([(e["name"], R.suite_reference(res, tasks)) for e, _, res in members],
                            "suite reference rows", rid)
+    reps, level = _replicates(rid, members, tasks)
     suite = {"reference": suite_ref, "tracks": []}
     for tr in tracks:
         rows = [R.suite_row(meta, res, tasks) for e, meta, res in members if e["track"] == tr]
-        suite["tracks"].append(_table(tr, rows, ("causal_score",)))
+        suite["tracks"].append(_table(tr, rows, ("causal_score",), _scope(reps, "suite"),
+                                      level))
     out_tasks = []
     for t in tasks:
         ref = _consensus([(e["name"], R.task_reference(res, t)) for e, _, res in members],
@@ -132,7 +212,8 @@ def _release(rid: str, members: list[tuple[dict, dict, dict]], colours: dict) ->
                                  "tracks": []}
         for tr in tracks:
             rows = [R.task_row(meta, res, t) for e, meta, res in members if e["track"] == tr]
-            entry["tracks"].append(_table(tr, rows, ("causal_score", "precision")))
+            entry["tracks"].append(_table(tr, rows, ("causal_score", "precision"),
+                                          _scope(reps, t), level))
         out_tasks.append(entry)
     entries = {e["name"]: dict(e, **colours[e["name"]]) for e, _, _ in members}
     return {"id": rid, "version": versions[0],
@@ -144,7 +225,7 @@ def build_board(submissions: list[tuple[dict, dict]]) -> Board:
     """Group ``(meta, results)`` pairs by release id and build every ranked table.
 
     Raises:
-        LeaderboardError: results that are not schema 2, submissions of one release id scored on
+        LeaderboardError: results that are not schema 3, submissions of one release id scored on
             different builds or with different reference numbers, or with missing tasks.
     """
     from benchmark.leaderboard.figures import assign_colours

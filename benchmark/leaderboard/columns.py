@@ -21,18 +21,20 @@ from benchmark.leaderboard._common import (
 )
 from benchmark.leaderboard.rows import FALLBACK_CELLS, REFERENCE_METHODS
 
-__all__ = ["FALLBACK_MARK", "ITEM_TITLES", "Cell", "Column", "Row", "Table", "suite_table",
-           "task_table"]
+__all__ = ["FALLBACK_MARK", "ITEM_TITLES", "PAIR_CAPTION", "PAIR_MARKS", "Cell", "Column",
+           "PairTable", "Row", "Table", "pairwise_table", "suite_table", "task_table"]
 
 FALLBACK_MARK = "\u2020"  # dagger
 ITEM_TITLES = {1: "magnitude: beats norm-only and advantage-only",
                2: "fluency: beats raw fluency AUC; residualized AUC above 0.5",
-               3: "headroom: precision above chance",
-               4: "timing: beats step-order in the learning window",
+               3: "headroom: precision above chance (never a pass at or below the random band)",
+               4: "timing: beats step-order in the learning window (never a pass at or below "
+                  "the random band)",
                5: "seeds: every seed scored, items 1-4 pass on each",
                6: "draws: >= 2 draws per seed, item 2 passes on each",
                7: "precision of the estimate: intervals <= 0.15 wide",
-               10: "causal: above the random band, norm-only and step-order"}
+               10: "causal: above the random band, norm-only, step-order and the strongest "
+                   "control"}
 
 
 @dataclass(frozen=True)
@@ -242,3 +244,46 @@ def suite_table(release: dict, table: dict) -> Table:
         out.ranked.append(Row(r["name"], r["name"], r["kind"], cells,
                               entries[r["name"]].get("description") or ""))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the pairwise comparisons of a ranked table
+
+#: row vs column: significantly better, significantly worse, not separated
+PAIR_MARKS = {"better": "\u25b2", "worse": "\u25bc", "tie": "\u00b7"}
+PAIR_CAPTION = ("Row vs column (columns numbered as the rows): \u25b2 the row is significantly "
+                "better (the paired 95% interval of the difference of the causal scores lies "
+                "above 0.01), \u25bc significantly worse, \u00b7 not separated; a cell's tooltip "
+                "shows the difference. A row's rank is 1 + its number of \u25bc.")
+
+
+@dataclass
+class PairTable:
+    """A ranked table's pairwise comparisons.
+
+    Entries in table order; a mark and a tooltip per ordered pair (row vs column; empty on the
+    diagonal).
+    """
+
+    id: str
+    names: list[str]
+    kinds: list[str]
+    marks: list[list[str]]
+    titles: list[list[str]]
+
+
+def pairwise_table(table_id: str, table: dict) -> PairTable | None:
+    """The pairwise comparisons of a ranked table (None when it has none)."""
+    pw = table.get("pairwise")
+    if not pw:
+        return None
+    rows = [r for r in table["rows"] if r["name"] in pw]
+    names = [r["name"] for r in rows]
+    marks, titles = [], []
+    for a in names:
+        marks.append([PAIR_MARKS[pw[a][b]["verdict"]] if b != a else "" for b in names])
+        titles.append([
+            "" if b == a else f"{a} - {b}: {fmt(pw[a][b]['point'])} "
+                              f"[{fmt(pw[a][b]['lo'])}, {fmt(pw[a][b]['hi'])}]"
+            for b in names])
+    return PairTable(f"pairs-{table_id}", names, [r["kind"] for r in rows], marks, titles)

@@ -16,7 +16,15 @@ import html
 from typing import Any
 
 from benchmark.leaderboard._common import css_token, url_path
-from benchmark.leaderboard.columns import Cell, Row, Table, suite_table, task_table
+from benchmark.leaderboard.columns import (
+    PAIR_CAPTION,
+    Cell,
+    Row,
+    Table,
+    pairwise_table,
+    suite_table,
+    task_table,
+)
 from benchmark.leaderboard.markdown import LEGEND, RANKING_TEXT
 from benchmark.leaderboard.reference import REF_SOURCES, REFERENCE_DIR, REFERENCE_FILE
 from benchmark.untrusted import visible
@@ -45,6 +53,10 @@ td.fallback{color:#8c959f;font-style:italic}
 img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0;display:block}
 .figs a{margin-right:.8em}
 .scroll{overflow-x:auto;max-width:100%}
+table.pairwise th{cursor:default;text-align:center}
+table.pairwise td{text-align:center;min-width:1.4em}
+table.pairwise td.p-better{color:#1a7f37}table.pairwise td.p-worse{color:#cf222e}
+table.pairwise td.p-tie{color:#8c959f}
 """
 
 _JS = """
@@ -146,6 +158,27 @@ def _table(t: Table) -> list[str]:
     return out
 
 
+def _pairwise(table_id: str, table: dict) -> list[str]:
+    """A ranked table's pairwise comparisons as a small matrix (tooltips: the differences)."""
+    pt = pairwise_table(table_id, table)
+    if pt is None:
+        return []
+    css = {"\u25b2": "p-better", "\u25bc": "p-worse", "\u00b7": "p-tie", "": ""}
+    out = [f'<details open><summary class="note">Pairwise comparisons ({len(pt.names)} entries)'
+           f'</summary><p class="note">{_e(PAIR_CAPTION)}</p>',
+           f'<div class="scroll"><table class="pairwise" id="{_e(pt.id)}"><thead><tr>'
+           '<th>#</th><th>submission</th>'
+           + "".join(f"<th>{j + 1}</th>" for j in range(len(pt.names))) + "</tr></thead><tbody>"]
+    for i, a in enumerate(pt.names):
+        rcls = ' class="control"' if pt.kinds[i] == "control" else ""
+        cells = "".join(f'<td class="{css[m]}" title="{_e(t)}">{_e(m)}</td>' if m else "<td></td>"
+                        for m, t in zip(pt.marks[i], pt.titles[i], strict=True))
+        out.append(f'<tr data-name="{_e(a)}"{rcls}><td>{i + 1}</td><td class="name">{_e(a)}'
+                   f"</td>{cells}</tr>")
+    out.append("</tbody></table></div></details>")
+    return out
+
+
 def _track_title(track: str, ranked_by: str | None) -> str:
     note = {"causal_score": "", None: " (no causal scores on this release: not ranked)",
             "precision": " (no causal reference on this release: ranked by precision)"}
@@ -173,13 +206,15 @@ def render_html(data: dict) -> str:
         out.append("<h3>Suite: mean over tasks and seeds</h3>")
         for table in rel["suite"]["tracks"]:
             out.append(_track_title(table["track"], table["ranked_by"]))
-            out += _table(suite_table(rel, table))
+            t = suite_table(rel, table)
+            out += _table(t) + _pairwise(t.id, table)
         for task in rel["tasks"]:
             out.append(f"<h3>Task <code>{_e(task['id'])}</code> "
                        f"({_behavior(task['behavior'])})</h3>")
             for table in task["tracks"]:
                 out.append(_track_title(table["track"], table["ranked_by"]))
-                out += _table(task_table(rel, task, table))
+                t = task_table(rel, task, table)
+                out += _table(t) + _pairwise(t.id, table)
                 for kind, alt in (("curves", "removal curves"),
                                   ("precision", "per-seed precision"),
                                   ("draw_auc", "draw AUC per seed and draw")):

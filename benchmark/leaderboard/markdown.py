@@ -7,20 +7,31 @@ Every string from a submission is escaped here (:func:`~benchmark.leaderboard._c
 from __future__ import annotations
 
 from benchmark.leaderboard._common import md_code, md_text, url_path
-from benchmark.leaderboard.columns import FALLBACK_MARK, Row, Table, suite_table, task_table
+from benchmark.leaderboard.columns import (
+    FALLBACK_MARK,
+    Row,
+    Table,
+    pairwise_table,
+    suite_table,
+    task_table,
+)
 from benchmark.leaderboard.reference import REF_SOURCES, REFERENCE_DIR, REFERENCE_FILE
 
 __all__ = ["LEGEND", "RANKING_TEXT", "render_markdown", "behavior_text"]
 
 RANKING_TEXT = (
-    "Ranked by the **causal score**: remove an entry's top-ranked rollouts (k = |GT|/4, |GT|/2, "
-    "|GT|), replay training, and average the fraction of the bonus-off effect removed; the mean "
-    "over seeds with its 95% interval (the suite: over tasks and seeds). A row whose interval "
-    "overlaps the previous row's shares its rank (`=`: tied, not ranked apart). Reference rows, "
-    "not ranked: the **oracle** (removal by the group labels) and **provenance** (by the rollout "
-    "labels) on top, the **random band** (lowest..highest causal score of the random removal "
-    "sets) and chance at the bottom. One table per track: `gradient` entries see sketches, "
-    "advantages, fluency and targets; `open` entries also see text and rewards."
+    "Ranked by the **causal score**: remove an entry's top-ranked rollouts (k on the release's "
+    "grid, e.g. |GT|/16, |GT|/8, |GT|/4, |GT|/2, |GT|; ties in its scores broken at random), "
+    "replay training, and take the area under the curve of the fraction of the bonus-off effect "
+    "removed against log k; the mean over seeds with its 95% interval (the suite: over tasks "
+    "and seeds). An entry's rank is 1 + the number of entries **significantly better** than it: "
+    "the paired 95% interval of the difference of the two causal scores lies above 0 by more "
+    "than the cross-machine tolerance 0.01 (`=`: the same rank, not ranked apart; never tied "
+    "through a neighbour). Reference rows, not ranked: the **oracle** (removal by the group "
+    "labels) and **provenance** (by the rollout labels) on top, the **random band** "
+    "(lowest..highest causal score of the random removal sets) and chance at the bottom. One "
+    "table per track: `gradient` entries see sketches, advantages, fluency and targets; `open` "
+    "entries also see text and rewards."
 )
 
 LEGEND = (
@@ -70,6 +81,21 @@ def _table(t: Table) -> str:
                     disable_numparse=True)
 
 
+def _pairwise(table_id: str, table: dict) -> list[str]:
+    """The pairwise comparisons of a ranked table as "significantly better than" lists."""
+    pt = pairwise_table(table_id, table)
+    if pt is None:
+        return []
+    lines = ["Significantly better than (paired 95% interval of the difference of causal "
+             "scores, lower end above 0.01; a rank is 1 + the number of entries significantly "
+             "better):", ""]
+    for i, a in enumerate(pt.names):
+        better = [b for j, b in enumerate(pt.names) if pt.marks[i][j] == "\u25b2"]
+        lines.append(f"- {md_code(a)}: "
+                     f"{', '.join(md_code(b) for b in better) if better else 'none'}")
+    return [*lines, ""]
+
+
 def _track_title(track: str, ranked_by: str | None) -> str:
     note = {"causal_score": "", None: " (no causal scores on this release: not ranked)",
             "precision": " (no causal reference on this release: ranked by precision)"}
@@ -92,13 +118,15 @@ def render_markdown(data: dict) -> str:
                                         for t in rel["tasks"]) + ".", "", RANKING_TEXT, "",
                   "### Suite: mean over tasks and seeds", ""]
         for table in rel["suite"]["tracks"]:
-            lines += [_track_title(table["track"], table["ranked_by"]), "",
-                      _table(suite_table(rel, table)), ""]
+            t = suite_table(rel, table)
+            lines += [_track_title(table["track"], table["ranked_by"]), "", _table(t), "",
+                      *_pairwise(t.id, table)]
         for task in rel["tasks"]:
             lines += [f"### Task {md_code(task['id'])} ({behavior_text(task['behavior'])})", ""]
             for table in task["tracks"]:
-                lines += [_track_title(table["track"], table["ranked_by"]), "",
-                          _table(task_table(rel, task, table)), ""]
+                t = task_table(rel, task, table)
+                lines += [_track_title(table["track"], table["ranked_by"]), "", _table(t), "",
+                          *_pairwise(t.id, table)]
                 for kind, alt in (("curves", "removal curves"), ("precision", "per-seed precision"),
                                   ("draw_auc", "draw AUC per seed and draw")):
                     path = table["figures"].get(kind)

@@ -1,4 +1,4 @@
-"""Reading schema-2 ``results.json`` files into leaderboard rows (no ranking, no rendering).
+"""Reading schema-3 ``results.json`` files into leaderboard rows (no ranking, no rendering).
 
 A submission gives one *entry* (who and what), one *suite row* (its causal score averaged over
 tasks and seeds) and one *task row* per task of its release (causal score, precision against the
@@ -80,10 +80,10 @@ def build_entry(meta: dict, results: dict) -> dict:
 
     Args:
         meta: the validated ``submission.yaml`` (name, authors, track, kind, link, description).
-        results: the submission's ``results.json`` (schema 2).
+        results: the submission's ``results.json`` (schema 3).
 
     Raises:
-        LeaderboardError: the results are not schema 2, or ``estimator.fallbacks`` is malformed.
+        LeaderboardError: the results are not schema 3, or ``estimator.fallbacks`` is malformed.
     """
     version = results.get("schema_version")
     if version != RESULTS_SCHEMA_VERSION or not isinstance(results.get("tasks"), dict):
