@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -55,6 +54,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+
+from benchmark.fixed_order import build_numba_kernels
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SIGN_OFFSET = np.uint64(6971419160186945601)
@@ -152,16 +153,7 @@ def _cached_codes(n_params: int, dim: int, seed: int) -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _load_numba() -> SimpleNamespace | None:
-    try:
-        import numba
-    except ImportError:
-        return None
-    try:
-        return _compile_kernels(numba)
-    except Exception as e:  # an incompatible numba must not break sketching: fall back loudly
-        warnings.warn(f"bt-bench: the compiled CountSketch kernels failed to build ({e!r}); "
-                      "falling back to torch index_add_ (slower, same result)", stacklevel=3)
-        return None
+    return build_numba_kernels(_compile_kernels, "CountSketch", "torch index_add_")
 
 
 def _numba() -> SimpleNamespace | None:
