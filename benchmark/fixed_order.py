@@ -33,8 +33,9 @@ Backends
   group of ``L`` columns); bit-identical to ``"numba"``, slower at paper scale.
 
 ``"auto"`` uses numba when it is installed and its kernels build, and ``d`` is a multiple of ``L``
-(every sketch dimension is, being a power of two of at least 32); the environment variable
-``BT_BENCH_REDUCE_BACKEND=numpy`` turns it off.
+(every sketch dimension is, being a power of two of at least 32). Callers pick a backend per
+pass with :func:`choose_backend`: numpy for small passes (no compile time), numba for large
+ones; the environment variable ``BT_BENCH_REDUCE_BACKEND`` (``numpy`` or ``numba``) overrides.
 """
 
 from __future__ import annotations
@@ -159,6 +160,19 @@ def _numba() -> SimpleNamespace | None:
     if os.environ.get("BT_BENCH_REDUCE_BACKEND", "auto") == "numpy":
         return None
     return _load_numba()
+
+
+def choose_backend(n_values: int) -> str:
+    """The backend for a pass over ``n_values`` stored values.
+
+    ``BT_BENCH_REDUCE_BACKEND`` (``numpy`` or ``numba``) decides if set; else numba from
+    :data:`NUMBA_MIN_VALUES` values on ("auto": numpy where numba is missing), numpy below
+    (it finishes before numba would have built its kernels). Same bits either way.
+    """
+    env = os.environ.get("BT_BENCH_REDUCE_BACKEND", "auto")
+    if env in ("numpy", "numba"):
+        return env
+    return "auto" if n_values >= NUMBA_MIN_VALUES else "numpy"
 
 
 def numba_available() -> bool:
@@ -440,8 +454,7 @@ def dot_norms(rows: np.ndarray, target: np.ndarray, backend: str = "auto"
     Args:
         rows: ``(n, d)`` float array.
         target: ``(d,)`` or ``(d, C)``.
-        backend: ``"auto"`` (numpy below :data:`NUMBA_MIN_VALUES` values), ``"numba"`` or
-            ``"numpy"``.
+        backend: ``"auto"`` (:func:`choose_backend`), ``"numba"`` or ``"numpy"``.
 
     Returns:
         ``(dots, norms)``: ``(n,)`` (or ``(n, C)``) and ``(n,)`` float64.
@@ -456,8 +469,8 @@ def dot_norms(rows: np.ndarray, target: np.ndarray, backend: str = "auto"
         raise ValueError(f"target has shape {t.shape}, expected ({d},) or ({d}, C) for rows of "
                          f"shape {rows.shape}")
     T = t.reshape(d, -1).T
-    if backend == "auto" and rows.size < NUMBA_MIN_VALUES:
-        backend = "numpy"
+    if backend == "auto":
+        backend = choose_backend(rows.size)
     idx = np.arange(n, dtype=np.int64)
     dots, sq = reduce_units(rows, idx, np.arange(n + 1, dtype=np.int64), T, True,
                             backend=backend, threads=1)

@@ -252,8 +252,7 @@ class SketchRows:
             starts = np.array(cum[seg], dtype=np.int64)
             rows = np.array(srt, dtype=np.int64)
             if backend is None:  # small passes: numpy (same bits) rather than compiling
-                big = rows.size * self.dim >= fixed_order.NUMBA_MIN_VALUES
-                backend = "auto" if big else "numpy"
+                backend = fixed_order.choose_backend(rows.size * self.dim)
             widest = int(np.diff(starts).max())
             row_bytes = self.stored.strides[0]
             per = max(1, RELEASE_BYTES // max(1, row_bytes * widest))

@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [--dim 65536]
            [--rss-sizes 4000,8000,16000] [--precision float64,float32] [--repeats 2]
+           [--no-old-float64]
            [--threads 1] [--mem-cap-gb 6] [--skip-throughput] [--skip-rss] [--isolated]
            [--json PATH] [--quick]
 
@@ -16,8 +17,11 @@ Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [-
    sequential read of ``sketches.npy`` (``readinto`` a reused 16 MiB buffer) against GAS
    ``score_rollouts`` on the rollout view and on the step view that ``benchmark.data`` builds
    (the views ``load_view`` returns), in GB/s of sketch-file bytes; best of ``--repeats``. Also:
-   the memory map converted to float32 by numpy (what any numpy reader pays), and GAS with the
-   norms computed beforehand (e.g. by the evaluator; GAS is then one dot pass).
+   the memory map converted to float32 by numpy (what any numpy reader pays), GAS with the
+   norms computed beforehand (e.g. by the evaluator; GAS is then one dot pass), and, unless
+   ``--no-old-float64``, GAS through the previous float64 path (torch copies into float64
+   blocks, BLAS dot products, torch norms: ``SketchRows._dot_norms_torch``), the "before" of
+   the fixed-order kernels. The first float64 pass (it builds numba's kernels) is timed apart.
 3. Peak memory, each in a fresh process per size of ``--rss-sizes``: the *evaluator* (verify the
    release, build the views, export the view folder, score the target-free controls: norm-only
    streams ``view.sketch_norms()``) and the *sandbox side* (load the exported view folder with
@@ -31,12 +35,12 @@ Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [-
    and determinism re-run) on the ``--n-rollouts`` release; ok or the error, and the wall time.
 
 ``--precision`` chooses the reductions of ``benchmark.view.SketchRows`` (``float64``: the default,
-machine-independent; ``float32``: vectorized float32 kernels, CPU-dependent rounding); GAS runs
-with each (in the sandbox through a generated estimator file that passes the precision). Every child
-runs under ``RLIMIT_AS = --mem-cap-gb`` (the sandbox's own limit, 6 GiB by default) so that a view
-that would need more fails with ``MemoryError`` instead of pressing the machine; BLAS, OpenMP and
-torch use ``--threads`` threads (1 by default: on a shared 2-core machine, 2 threads run 30x
-slower).
+fixed-order sums of ``benchmark.fixed_order``, the same bits on every CPU; ``float32``: torch's
+float32 kernels, CPU-dependent rounding); GAS runs with each (in the sandbox through a generated
+estimator file that passes the precision). Every child runs under ``RLIMIT_AS = --mem-cap-gb``
+(the sandbox's own limit, 6 GiB by default) so that a view that would need more fails with
+``MemoryError`` instead of pressing the machine; BLAS, OpenMP and torch use ``--threads``
+threads (1 by default: on a shared 2-core machine, 2 threads run 30x slower).
 
 Prints a table, then one JSON line (also written to ``--json``). ``--quick``: 2,048 x 4,096, one
 size, one repeat; seconds, with GAS's streamed scores saved for a dense check
@@ -315,6 +319,14 @@ def _gas(view, precision: str) -> np.ndarray:
     return sketch_cosine(view, view.target("nll"), precision=precision)
 
 
+def _gas_torch64(view) -> np.ndarray:
+    """GAS through the previous float64 path (torch copies + BLAS; CPU-dependent order)."""
+    t = np.asarray(view.target("nll"), np.float64)
+    dots, norms = view.sketch_rows._dot_norms_torch(t, True, "float64")
+    n = norms * np.linalg.norm(t)
+    return np.where(n > 1e-12, dots / np.maximum(n, 1e-12), 0.0)
+
+
 def _gas_norms_known(view, precision: str, norms: np.ndarray) -> np.ndarray:
     """GAS when the norms are known beforehand: one dot pass."""
     t = np.asarray(view.target("nll"), np.float64)
@@ -341,8 +353,12 @@ def child_throughput(args) -> dict:
     _seq_read(path, buf)  # warm the page cache
     times: dict[str, list] = {"read": [], "read_convert_numpy": []}
     scores: dict[str, np.ndarray] = {}
+    from benchmark import fixed_order
+
+    t0 = time.perf_counter()  # the first float64 pass: builds the compiled kernels (if numba)
     norms = {gran: view.sketch_norms() for gran, view in (("rollout", td.rollout_view),
                                                           ("step", td.step_view))}
+    first_pass_s = time.perf_counter() - t0
     for _ in range(args.repeats):
         times["read"].append(_seq_read(path, buf))
         times["read_convert_numpy"].append(_convert_read(td.rollout_view.sketch_rows.stored))
@@ -351,6 +367,8 @@ def child_throughput(args) -> dict:
                 runs = [(f"gas_{gran}_{prec}", lambda v=view, p=prec: _gas(v, p)),
                         (f"gas_{gran}_{prec}_norms_known",
                          lambda v=view, p=prec, g=gran: _gas_norms_known(v, p, norms[g]))]
+                if prec == "float64" and args.old_float64:
+                    runs.append((f"gas_{gran}_float64_torch", lambda v=view: _gas_torch64(v)))
                 for key, fn in runs:
                     dt, out = _timed(fn)
                     times.setdefault(key, []).append(dt if dt is not None else out)
@@ -358,7 +376,9 @@ def child_throughput(args) -> dict:
                         scores[key] = out
     res = {"file_bytes": nbytes, "rows": int(td.rollout_view.n), "dim": int(
         td.rollout_view.sketch_rows.dim), "threads": args.threads, "repeats": args.repeats,
-        "rates_gbs": {}, "errors": {}, "status": _status()}
+        "rates_gbs": {}, "errors": {}, "status": _status(),
+        "float64_backend": "numba" if fixed_order.numba_available() else "numpy",
+        "first_float64_pass_s": first_pass_s}
     for key, ts in times.items():
         ok = [t for t in ts if isinstance(t, float)]
         if ok:
@@ -524,6 +544,8 @@ def _run_child(kind: str, args, release: Path, impl: list[str], **extra) -> dict
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--release",
            str(release), "--precision", ",".join(impl), "--threads", str(args.threads),
            "--repeats", str(args.repeats), "--mem-cap-gb", str(args.mem_cap_gb)]
+    if not args.old_float64:
+        cmd.append("--no-old-float64")
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -601,6 +623,8 @@ def print_report(res: dict) -> None:
             print(f"  {k:34s} {v}")
         for k, v in tp["max_abs_diff"].items():
             print(f"  max |score difference| {k}: {v:.2e}")
+        print(f"  float64 reductions: {tp.get('float64_backend')} backend; the first pass "
+              f"(building its kernels) took {tp.get('first_float64_pass_s', 0):.2f} s")
     elif tp:
         print(f"\nthroughput child failed: {tp['failed']}\n{tp['output_tail']}")
     if res.get("rss"):
@@ -639,6 +663,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", dest="impl", default="float64,float32",
                    help="precision of the view's reductions: float64 (default), float32, or both")
     p.add_argument("--repeats", type=int, default=2, help="throughput: best of this many")
+    p.add_argument("--no-old-float64", dest="old_float64", action="store_false",
+                   help="throughput: skip GAS through the previous float64 path (torch + BLAS)")
     p.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP/torch threads")
     p.add_argument("--mem-cap-gb", type=float, default=6.0,
                    help="RLIMIT_AS of every child, GiB (the sandbox's default limit)")
