@@ -28,11 +28,14 @@ cached as one ``int32`` code per coordinate, ``bucket`` when ``sign = +1`` and `
 is ``-bucket - 1``) when ``sign = -1`` (4 bytes a coordinate; ``dim <= 2**31``). Backends:
 
 * ``"numba"`` (CPU, when numba is installed: ``pip install "bt-bench[fast]"``): a compiled loop
-  that reads each gradient row once in place (the flat ``(B, n_params)`` array, or every
-  per-parameter tensor of a ``vmap(grad)`` result) and accumulates 4 or 8 rows at a time into an
-  interleaved ``(dim, rows)`` float32 buffer, so one cache line serves several rows; rows are
-  split over ``threads`` threads (default ``torch.get_num_threads()``). Bit-identical to
-  ``"torch"`` on the CPU.
+  (LLVM IR through a numba intrinsic) that reads each gradient row once in place (the flat
+  ``(B, n_params)`` array, or every per-parameter tensor of a ``vmap(grad)`` result) and
+  accumulates 8 or 16 rows at a time into an interleaved ``(dim, rows)`` float32 buffer: the rows
+  of a coordinate are one vector (tiles of 8 coordinates transposed by shuffles), added to its
+  bucket's line by one vector load, multiply by the sign, add and store, coordinate after
+  coordinate; groups of rows are split over ``threads`` threads (default
+  ``torch.get_num_threads()``). The same float32 operations in the same order as ``"torch"``:
+  bit-identical on the CPU.
 * ``"torch"``: batched ``index_add_`` along the coordinate axis (one per parameter for the
   per-parameter input), on any device. On CUDA it adds with atomics, so the last bits of the sums
   depend on the order the device happens to use (equal to the CPU result within float32
@@ -46,6 +49,7 @@ is ``-bucket - 1``) when ``sign = -1`` (4 bytes a coordinate; ``dim <= 2**31``).
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -212,10 +216,10 @@ def _compile_kernels(numba) -> SimpleNamespace:  # noqa: C901 (one place for all
 
 
 def _finish(njit, width: int):
-    """``finish(acc, out, r0)``: ``out[r0 + j, b] = acc[width * b + j]`` (de-interleave).
+    """``finish(acc, out, r0)``: ``out[r0 + j, b] = acc[width * b + j]``, then ``acc = 0``.
 
-    In tiles of 256 buckets, so the tile of ``acc`` stays in L1 while its ``width`` rows are
-    written.
+    De-interleaves in tiles of 256 buckets, so the tile of ``acc`` stays in L1 while its
+    ``width`` rows are written and it is cleared for the next call.
     """
 
     @njit("void(float32[::1], float32[:, ::1], int64)", nogil=True, boundscheck=False)
@@ -227,22 +231,44 @@ def _finish(njit, width: int):
                 o = out[r0 + j]
                 for b in range(b0, b1):
                     o[b] = acc[width * b + j]
+            for k in range(width * b0, width * b1):
+                acc[k] = 0.0
 
     return finish
 
 
 class _Buffers:
-    """Zeroed float32 accumulators, reused between calls (a fresh one page-faults as it fills).
+    """Zeroed float32 accumulators, reused between calls; thread-safe, at most ``cap_bytes``.
 
-    Holds at most :attr:`cap_bytes`; thread-safe.
+    A fresh buffer page-faults as it fills, and at ``dim = 65536`` its random updates miss the
+    TLB on 4 KiB pages: buffers of 1 MiB and more are private anonymous maps aligned to 2 MiB
+    with ``madvise(MADV_HUGEPAGE)`` (Linux transparent huge pages, where enabled; measured
+    about 1.5x faster at that size), else plain numpy arrays.
     """
 
     cap_bytes = 64 << 20
+    huge_from = 1 << 20
+    _HUGE = 2 << 20
 
     def __init__(self) -> None:
         self._free: dict[int, list[np.ndarray]] = {}
         self._held = 0
         self._lock = threading.Lock()
+
+    def _new(self, size: int) -> np.ndarray:
+        nbytes = size * 4
+        if nbytes >= self.huge_from and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(
+                mmap, "MAP_PRIVATE"):
+            try:
+                m = mmap.mmap(-1, nbytes + self._HUGE,
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                m.madvise(mmap.MADV_HUGEPAGE)
+                base = np.frombuffer(m, np.uint8)
+                off = (-base.ctypes.data) % self._HUGE
+                return np.frombuffer(m, np.float32, count=size, offset=off)  # zero-filled
+            except (OSError, ValueError, AttributeError):
+                pass
+        return np.zeros(size, dtype=np.float32)
 
     def take(self, size: int) -> np.ndarray:
         with self._lock:
@@ -250,10 +276,10 @@ class _Buffers:
             if free:
                 self._held -= size * 4
                 return free.pop()
-        return np.zeros(size, dtype=np.float32)
+        return self._new(size)
 
     def give(self, buf: np.ndarray) -> None:
-        buf.fill(0.0)
+        """Return a buffer that is all zeros again (``finish`` clears what it reads)."""
         with self._lock:
             if self._held + buf.nbytes <= self.cap_bytes:
                 self._free.setdefault(buf.size, []).append(buf)
@@ -263,8 +289,9 @@ class _Buffers:
 _BUFFERS = _Buffers()
 
 
-#: rows sketched together by one pass over the hash codes (the interleaved accumulator's width)
-_GROUP_WIDTHS = (8, 16)
+#: rows sketched together by one pass over the hash codes (the interleaved accumulator's width):
+#: 8 rows = 32 bytes a bucket (16 was slower at dim 65536 once the buffer sits on huge pages)
+_GROUP_WIDTHS = (8,)
 #: coordinates between the prefetch of an accumulator line and its update
 _LOOKAHEAD = 64
 # 8 x 8 transpose of float32 vectors by three rounds of shuffles (unpack, 64-bit, 128-bit)
@@ -297,7 +324,11 @@ def _vector_acc(numba, width: int):
     raise last
 
 
-def _build_vector_acc(numba, width: int, prefetch: str | None, lookahead: int = _LOOKAHEAD):  # noqa: C901 - one kernel
+def _build_vector_acc(numba, width: int, prefetch: str | None,  # noqa: C901 - one kernel
+                      lookahead: int = _LOOKAHEAD):
+    """Compile the kernel of :func:`_vector_acc` (``width`` a multiple of 8)."""
+    if width % 8:
+        raise ValueError(f"width must be a multiple of 8, got {width}")
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
@@ -537,11 +568,8 @@ class CountSketch:
     def _sketch_numba(self, nb: SimpleNamespace, parts: list[torch.Tensor], rows: int,
                       threads: int) -> torch.Tensor:
         d = self.dim
-        # groups of rows sketched together: 16 (one 64-byte accumulator line per coordinate)
-        # above dim 8192, where the accumulator outgrows L2, else 8; then 8, then single rows
-        widths = (16, 8) if d > 8192 else (8,)
-        groups, r = [], 0
-        for w in widths:
+        groups, r = [], 0  # groups of rows sketched together, then single rows
+        for w in sorted(nb.acc, reverse=True):
             while rows - r >= w:
                 groups.append((r, w))
                 r += w
@@ -562,16 +590,15 @@ class CountSketch:
 
         def work(item: tuple[list[tuple[int, int]], bool]) -> None:
             mine, tail = item
-            bufs = [_BUFFERS.take(d * w) for _, w in mine]
-            for a, o in zip(arrays, offsets, strict=True):
-                c = codes[o : o + a.shape[1]]
-                for (r0, w), buf in zip(mine, bufs, strict=True):
-                    nb.acc[w](a, c, buf, r0)
-                if tail and rows > r:
-                    nb.rows1(a, c, out_np, r, rows)
-            for (r0, w), buf in zip(mine, bufs, strict=True):
+            for r0, w in mine:  # group by group: its accumulator stays in cache across parts
+                buf = _BUFFERS.take(d * w)
+                for a, o in zip(arrays, offsets, strict=True):
+                    nb.acc[w](a, codes[o : o + a.shape[1]], buf, r0)
                 nb.finish[w](buf, out_np, r0)
                 _BUFFERS.give(buf)
+            if tail and rows > r:
+                for a, o in zip(arrays, offsets, strict=True):
+                    nb.rows1(a, codes[o : o + a.shape[1]], out_np, r, rows)
 
         _run_threads(work, items, threads)
         return out

@@ -161,19 +161,26 @@ def _ranking(v: np.ndarray) -> np.ndarray:
 
 
 def compare(ref: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> dict:
-    """Largest |difference| and the score arrays whose ranking changed, ``other`` vs ``ref``."""
-    max_diff, changed, moved = 0.0, [], 0
+    """Largest |difference| and the score arrays whose ranking changed, ``other`` vs ``ref``.
+
+    ``max_rel_diff``: the largest |difference| of an array over its largest |score| (dots and
+    norms are not on the cosines' scale).
+    """
+    max_diff, max_rel, changed, moved = 0.0, 0.0, [], 0
     for k, a in ref.items():
         b = other[k]
         if a.size:
-            max_diff = max(max_diff, float(np.max(np.abs(a - b))))
+            diff = float(np.max(np.abs(a - b)))
+            max_diff = max(max_diff, diff)
+            max_rel = max(max_rel, diff / max(float(np.max(np.abs(a))), 1e-300))
         ra, rb = _ranking(a), _ranking(b)
         if not np.array_equal(ra, rb):
             changed.append(k)
             moved += int(np.sum(ra != rb))
     bit_identical = all(np.array_equal(ref[k].view(np.uint64), other[k].view(np.uint64))
                         for k in ref)
-    return {"max_abs_diff": max_diff, "rankings_changed": len(changed), "arrays": len(ref),
+    return {"max_abs_diff": max_diff, "max_rel_diff": max_rel,
+            "rankings_changed": len(changed), "arrays": len(ref),
             "positions_moved": moved, "bit_identical": bit_identical,
             "changed": changed[:10]}
 
@@ -235,7 +242,7 @@ def run(args) -> dict:
 def print_report(res: dict) -> None:
     print(f"\nrelease {res['release']}: scores under emulated CPUs against the first "
           "configuration of the same implementation")
-    print(f"  {'configuration':50s} {'max |diff|':>10s} {'rankings changed':>17s} "
+    print(f"  {'configuration':50s} {'max |diff|':>10s} {'relative':>9s} {'rankings changed':>17s} "
           f"{'bit-identical':>14s} {'seconds':>8s}")
     for r in res["configs"].values():
         if "failed" in r:
@@ -243,14 +250,14 @@ def print_report(res: dict) -> None:
             continue
         v = r["vs_reference"]
         ranks = f"{v['rankings_changed']}/{v['arrays']}"
-        print(f"  {r['what']:50s} {v['max_abs_diff']:10.2e} {ranks:>17s} "
+        print(f"  {r['what']:50s} {v['max_abs_diff']:10.2e} {v['max_rel_diff']:9.1e} {ranks:>17s} "
               f"{'yes' if v['bit_identical'] else 'no':>14s} {r['seconds']:8.1f}")
     for impl in ("torch64", "torch32"):
         v = res.get(f"{impl}_vs_fixed")
         if v:
             print(f"  {impl} (reference) vs fixed (reference): max |diff| "
-                  f"{v['max_abs_diff']:.2e}, rankings changed {v['rankings_changed']}/"
-                  f"{v['arrays']}")
+                  f"{v['max_abs_diff']:.2e} (relative {v['max_rel_diff']:.1e}), rankings "
+                  f"changed {v['rankings_changed']}/{v['arrays']}: {v['changed']}")
 
 
 def parse_args(argv=None):
