@@ -208,11 +208,13 @@ def _compile_kernels(numba) -> SimpleNamespace:  # noqa: C901 (one place for all
                 neg = c >> 31
                 o[c ^ neg] += f32(1 | neg) * xr[i]
 
-    acc, finish = {}, {}
+    acc, far, finish = {}, {}, {}
     for width in _GROUP_WIDTHS:
-        acc[width] = _vector_acc(numba, width)
+        acc[width] = _vector_acc(numba, width, prefetch=False)
+        far[width] = _vector_acc(numba, width, prefetch=True)
         finish[width] = _finish(njit, width)
-    return SimpleNamespace(hash_codes=hash_codes_kernel, acc=acc, rows1=rows1, finish=finish)
+    return SimpleNamespace(hash_codes=hash_codes_kernel, acc=acc, acc_far=far, rows1=rows1,
+                           finish=finish)
 
 
 def _finish(njit, width: int):
@@ -294,13 +296,16 @@ _BUFFERS = _Buffers()
 _GROUP_WIDTHS = (8,)
 #: coordinates between the prefetch of an accumulator line and its update
 _LOOKAHEAD = 64
+#: accumulators larger than this are prefetched (below, the buffer stays in L2 and the
+#: prefetch only costs instructions)
+_PREFETCH_FROM_BYTES = 256 << 10
 # 8 x 8 transpose of float32 vectors by three rounds of shuffles (unpack, 64-bit, 128-bit)
 _TRANSPOSE_MASKS = (([0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]),
                     ([0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]),
                     ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]))
 
 
-def _vector_acc(numba, width: int):
+def _vector_acc(numba, width: int, prefetch: bool):
     """``acc(x, code, buf, r0)``: rows ``r0 : r0 + width`` of ``x`` into the interleaved ``buf``.
 
     ``buf[width * b + j] += sign(i) * x[r0 + j, i]`` for every coordinate ``i`` in increasing
@@ -308,14 +313,15 @@ def _vector_acc(numba, width: int):
     one vector: tiles of 8 coordinates x 8 rows are loaded as 8 vectors and transposed by
     shuffles, then each coordinate does one vector load-multiply-add-store of its bucket's
     ``width`` floats (``fmul`` by +-1.0 then ``fadd``, the reference's two float32 operations,
-    coordinate after coordinate, so a bucket hit twice in a tile adds in order). The line of a
-    coordinate :data:`_LOOKAHEAD` ahead is prefetched (an L2/L3 miss at large ``dim``). Tries
-    the prefetch intrinsic's opaque-pointer name, then the typed one, then none.
+    coordinate after coordinate, so a bucket hit twice in a tile adds in order). With
+    ``prefetch`` (for a buffer larger than L2), the line of the coordinate :data:`_LOOKAHEAD`
+    ahead is prefetched: tries the prefetch intrinsic's opaque-pointer name, then the typed one,
+    then none.
     """
     last = None
-    for prefetch in ("llvm.prefetch.p0", "llvm.prefetch.p0i8", None):
+    for name in ("llvm.prefetch.p0", "llvm.prefetch.p0i8", None) if prefetch else (None,):
         try:
-            kernel = _build_vector_acc(numba, width, prefetch)
+            kernel = _build_vector_acc(numba, width, name)
             probe_x = np.zeros((width, 24), np.float32)
             kernel(probe_x, np.zeros(24, np.int32), np.zeros(width, np.float32), 0)
             return kernel
@@ -368,8 +374,9 @@ def _build_vector_acc(numba, width: int, prefetch: str | None,  # noqa: C901 - o
 
             def update(i, col):
                 ptr, c = line(i)
-                s = b.select(b.icmp_signed("<", c, ir.Constant(i32, 0)), ir.Constant(f32, -1.0),
-                             ir.Constant(f32, 1.0))
+                # the sign as a float: +-1.0 = the code's sign bit | the bits of 1.0
+                s = b.or_(b.and_(c, ir.Constant(i32, -(1 << 31))), ir.Constant(i32, 0x3F800000))
+                s = b.bitcast(s, f32)
                 s = b.insert_element(ir.Constant(vw, ir.Undefined), s, ir.Constant(i32, 0))
                 s = b.shuffle_vector(s, s, mask([0] * width))
                 ptr = b.bitcast(ptr, vw.as_pointer())
@@ -592,8 +599,9 @@ class CountSketch:
             mine, tail = item
             for r0, w in mine:  # group by group: its accumulator stays in cache across parts
                 buf = _BUFFERS.take(d * w)
+                kernel = nb.acc_far[w] if d * w * 4 > _PREFETCH_FROM_BYTES else nb.acc[w]
                 for a, o in zip(arrays, offsets, strict=True):
-                    nb.acc[w](a, codes[o : o + a.shape[1]], buf, r0)
+                    kernel(a, codes[o : o + a.shape[1]], buf, r0)
                 nb.finish[w](buf, out_np, r0)
                 _BUFFERS.give(buf)
             if tail and rows > r:

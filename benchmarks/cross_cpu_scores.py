@@ -13,6 +13,8 @@ release, the numbers the built-in estimators get from the view's reductions:
 with one of three implementations: ``fixed`` (the default float64 path: fixed-order sums of
 ``benchmark.fixed_order``), ``torch64`` (the float64 path before it: torch copies, BLAS dot
 products, torch norms, numpy BLAS for the draws) and ``torch32`` (``precision="float32"``).
+``--configs trak-...`` adds the built-in TRAK's scores (a BLAS Gram matrix and a LAPACK solve
+around fixed-order dots; ``tiny`` only: its ``(d, d)`` Gram matrix does not fit at paper scale).
 Another CPU is emulated by what each library lets one choose in the environment:
 
 * numba (``fixed``): ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` compile the kernels for another
@@ -79,7 +81,13 @@ CONFIGS: dict[str, tuple[str, str, int, dict[str, str]]] = {
     "torch32-avx512": ("float32, AVX-512, 1 thread", "torch32", 1, _AVX512),
     "torch32-avx2": ("float32, AVX2", "torch32", 1, _AVX2),
     "torch32-plain": ("float32, no vector ISA / SSE4.2", "torch32", 1, _PLAIN),
+    "trak-avx512": ("TRAK (BLAS Gram + LAPACK solve), AVX-512", "trak", 1, _AVX512),
+    "trak-avx512-2t": ("TRAK, AVX-512, 2 threads", "trak", 2, _AVX512),
+    "trak-avx2": ("TRAK, AVX2", "trak", 1, _AVX2),
+    "trak-plain": ("TRAK, no vector ISA / SSE4.2", "trak", 1, _PLAIN),
 }
+#: what runs by default (TRAK's (d, d) Gram matrix is infeasible at paper scale: --configs)
+DEFAULT = [k for k in CONFIGS if not k.startswith("trak")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +104,11 @@ def _scores(td, impl: str) -> dict[str, np.ndarray]:
     from estimators.base import center_by_group, cosine, sketch_cosine
 
     out = {}
+    if impl == "trak":  # the built-in TRAK as it is (fixed-order dots around a BLAS solve)
+        from estimators.trak import TRAK
+
+        return {f"trak/{gran}": TRAK().score_rollouts(view)
+                for gran, view in (("rollout", td.rollout_view), ("step", td.step_view))}
     rv = td.rollout_view
     t = np.asarray(rv.target("nll"), np.float64)
     ckpts = list(rv.checkpoint_steps)
@@ -188,7 +201,7 @@ def compare(ref: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> dict:
 def run(args) -> dict:
     out_dir = Path(args.keep or tempfile.mkdtemp(prefix="bt-cross-cpu-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [n for n in CONFIGS if args.configs is None or n in args.configs]
+    names = [n for n in CONFIGS if n in (args.configs or DEFAULT)]
     results: dict = {"release": str(args.release), "configs": {}}
     loaded: dict[str, dict[str, np.ndarray]] = {}
     for i, name in enumerate(names):
@@ -265,12 +278,14 @@ def parse_args(argv=None):
     p.add_argument("--release", default="tiny", help="release name or folder (default tiny)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default all)")
     p.add_argument("--configs", default=None,
-                   help=f"comma-separated configurations (default all): {', '.join(CONFIGS)}")
+                   help=f"comma-separated configurations (default all but trak-*): "
+                        f"{', '.join(CONFIGS)}")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     p.add_argument("--keep", type=Path, help="keep the children's score files in this folder")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--impl", choices=("fixed", "torch64", "torch32"), help=argparse.SUPPRESS)
+    p.add_argument("--impl", choices=("fixed", "torch64", "torch32", "trak"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
