@@ -227,3 +227,40 @@ def test_dense_dot_norms_match_a_direct_sum():
                                   for r in rows])
     dots2, _ = F.dot_norms(rows, np.stack([t, 2 * t], 1))
     assert dots2.shape == (5, 2) and _bits(dots2[:, 0]) == _bits(dots)
+
+
+def test_backend_choice_by_size_and_environment(monkeypatch):
+    monkeypatch.delenv("BT_BENCH_REDUCE_BACKEND", raising=False)
+    assert F.choose_backend(F.NUMBA_MIN_VALUES - 1) == "numpy"  # no compile for small passes
+    assert F.choose_backend(F.NUMBA_MIN_VALUES) == "auto"
+    monkeypatch.setenv("BT_BENCH_REDUCE_BACKEND", "numba")
+    assert F.choose_backend(10) == "numba"
+    monkeypatch.setenv("BT_BENCH_REDUCE_BACKEND", "numpy")
+    assert F.choose_backend(1 << 40) == "numpy" and not F.numba_available()
+
+
+@pytest.mark.parametrize("steps", [False, True])
+def test_agrees_with_the_previous_float64_path_within_the_derived_bound(tmp_path, steps):
+    """The torch/BLAS float64 path (``_dot_norms_torch``) and the fixed order sum the same exact
+    products in different orders. Each is within ``(terms - 1) * eps`` times the sum of the
+    absolute terms of the exact value (any order of ``terms`` additions; the previous step-view
+    dot adds per-rollout dots, so its terms are the products of every rollout), hence within
+    the sum of both bounds of each other. Norms: all terms positive."""
+    rng = np.random.default_rng(7)
+    d, m = 256, 60
+    arr = (rng.standard_normal((m, d)) * 10.0 ** rng.integers(-2, 3, (m, 1))).astype(np.float16)
+    np.save(tmp_path / "sk.npy", arr)
+    mm = np.load(tmp_path / "sk.npy", mmap_mode="r")
+    rows = np.arange(m)
+    seg = np.arange(0, m + 1, 6) if steps else None
+    sr = SketchRows(mm, rows, scale=1024.0, segments=seg)
+    t = rng.standard_normal((d, 2)).astype(np.float32).astype(np.float64)
+    new_dots, new_norms = sr.dot_norms(t)
+    old_dots, old_norms = sr._dot_norms_torch(t, True, "float64")
+    x = arr.astype(np.float64) / 1024.0
+    per = 6 if steps else 1
+    mass = (np.abs(x) @ np.abs(t)).reshape(-1, per, 2).sum(1)  # sum of |products| per unit
+    bound = 2 * (d * per) * EPS * mass
+    assert np.all(np.abs(new_dots - old_dots) <= bound)
+    # squared norms within (d - 1) * eps (relative) of the exact sum; sqrt halves that
+    np.testing.assert_allclose(new_norms, old_norms, rtol=d * EPS, atol=0)
