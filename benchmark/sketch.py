@@ -208,13 +208,20 @@ def _compile_kernels(numba) -> SimpleNamespace:  # noqa: C901 (one place for all
                 neg = c >> 31
                 o[c ^ neg] += f32(1 | neg) * xr[i]
 
-    acc, far, finish = {}, {}, {}
-    for width in _GROUP_WIDTHS:
-        acc[width] = _vector_acc(numba, width, prefetch=False)
-        far[width] = _vector_acc(numba, width, prefetch=True)
-        finish[width] = _finish(njit, width)
-    return SimpleNamespace(hash_codes=hash_codes_kernel, acc=acc, acc_far=far, rows1=rows1,
-                           finish=finish)
+    built: dict[tuple[int, bool], object] = {}
+    lock = threading.Lock()
+
+    def acc(width: int, prefetch: bool):
+        """The accumulation kernel for ``width`` rows, with or without prefetch (built once)."""
+        with lock:
+            if (width, prefetch) not in built:
+                built[(width, prefetch)] = _vector_acc(numba, width, prefetch)
+            return built[(width, prefetch)]
+
+    acc(_GROUP_WIDTHS[0], False)  # build one now: a failure falls back to torch, loudly
+    finish = {width: _finish(njit, width) for width in _GROUP_WIDTHS}
+    return SimpleNamespace(hash_codes=hash_codes_kernel, acc=acc, widths=_GROUP_WIDTHS,
+                           rows1=rows1, finish=finish)
 
 
 def _finish(njit, width: int):
@@ -576,7 +583,7 @@ class CountSketch:
                       threads: int) -> torch.Tensor:
         d = self.dim
         groups, r = [], 0  # groups of rows sketched together, then single rows
-        for w in sorted(nb.acc, reverse=True):
+        for w in sorted(nb.widths, reverse=True):
             while rows - r >= w:
                 groups.append((r, w))
                 r += w
@@ -599,7 +606,7 @@ class CountSketch:
             mine, tail = item
             for r0, w in mine:  # group by group: its accumulator stays in cache across parts
                 buf = _BUFFERS.take(d * w)
-                kernel = nb.acc_far[w] if d * w * 4 > _PREFETCH_FROM_BYTES else nb.acc[w]
+                kernel = nb.acc(w, d * w * 4 > _PREFETCH_FROM_BYTES)
                 for a, o in zip(arrays, offsets, strict=True):
                     kernel(a, codes[o : o + a.shape[1]], buf, r0)
                 nb.finish[w](buf, out_np, r0)
