@@ -374,10 +374,13 @@ def _kernel_input(stored: np.ndarray) -> np.ndarray | None:
     if not a.flags.c_contiguous or a.ndim != 2:
         return None
     if a.dtype == np.float16:
-        return a.view(np.uint16)
-    if a.dtype in (np.float32, np.float64):
-        return a
-    return None
+        a = a.view(np.uint16)
+    elif a.dtype in (np.float32, np.float64):
+        a = a.view()
+    else:
+        return None
+    a.flags.writeable = False  # one compiled signature per dtype (memory maps are read-only)
+    return a
 
 
 def reduce_units(stored: np.ndarray, rows: np.ndarray, starts: np.ndarray,
@@ -409,7 +412,7 @@ def reduce_units(stored: np.ndarray, rows: np.ndarray, starts: np.ndarray,
     d = int(stored.shape[1])
     n_units = int(starts.shape[0]) - 1
     k1 = n_units if k1 is None else int(k1)
-    T = np.zeros((0, d)) if targets is None else np.ascontiguousarray(targets, dtype=np.float64)
+    T = np.zeros((0, d)) if targets is None else np.array(targets, dtype=np.float64, order="C")
     if T.ndim != 2 or T.shape[1] != d:
         raise ValueError(f"targets have shape {T.shape}, expected (C, {d}): one row per target "
                          "of the sketch dimension")
@@ -429,8 +432,8 @@ def reduce_units(stored: np.ndarray, rows: np.ndarray, starts: np.ndarray,
     if not usable:
         _units_numpy(stored, rows, starts, T, want_sq, k0, k1, dots, sq)
         return dots, sq
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    rows = np.array(rows, dtype=np.int64)  # writable copies: one compiled signature
+    starts = np.array(starts, dtype=np.int64)
     n_threads = min(_threads(threads), k1 - k0)
     bounds = np.linspace(k0, k1, n_threads + 1).round().astype(np.int64)
 
