@@ -5,7 +5,7 @@ The view's reductions (:class:`benchmark.view.SketchRows`: ``sketch_dot``, ``ske
 a score, and therefore a ranking, never depends on the machine's SIMD width, BLAS or threads.
 
 The order (``L = LANES = 32``)
------------------------------
+------------------------------
 A *unit* is a sequence of stored rows (one row in the rollout view, a step's rollouts in the step
 view). Its vector ``u`` (length ``d``) is the float64 value of its first row, then each further
 row added in order (``u = x_0``, ``u = u + x_1``, ...). float16 and float32 values convert to
@@ -23,12 +23,14 @@ the order of additions matters, and that order is the one above.
 
 Backends
 --------
-* ``"numba"`` (``pip install "bt-bench[fast]"``): the lanes are one LLVM vector of ``L`` doubles,
+* ``"numba"`` (``pip install "bt-bench[fast]"``): the lanes are four LLVM vectors of 8 doubles,
   written out in LLVM IR (a numba intrinsic) with plain ``fmul`` / ``fadd`` and no fast-math
-  flags: LLVM may split the vector over whatever registers the CPU has (2, 4 or 8 doubles), but
-  it may not reorder, reassociate or fuse. float16 is converted by ``vcvtph2ps`` where the target
-  has F16C and by integer bit operations elsewhere (both exact). Units are split over Python
-  threads (the kernels release the GIL); each unit is summed by one thread.
+  flags: LLVM may split the vectors over whatever registers the CPU has (2, 4 or 8 doubles), but
+  it may not reorder, reassociate or fuse. Rows are read in place (a float16 memory map is read
+  as its bits) and converted, multiplied and accumulated in one pass. float16 is converted by
+  ``vcvtph2ps`` where the target has F16C and by integer bit operations elsewhere (both exact).
+  Units are split over Python threads (the kernels release the GIL); each unit is summed by one
+  thread.
 * ``"numpy"``: the same order with numpy array operations (one ``+=`` of an ``(n, L)`` slice per
   group of ``L`` columns); bit-identical to ``"numba"``, slower at paper scale.
 
