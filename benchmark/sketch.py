@@ -28,11 +28,14 @@ cached as one ``int32`` code per coordinate, ``bucket`` when ``sign = +1`` and `
 is ``-bucket - 1``) when ``sign = -1`` (4 bytes a coordinate; ``dim <= 2**31``). Backends:
 
 * ``"numba"`` (CPU, when numba is installed: ``pip install "bt-bench[fast]"``): a compiled loop
-  that reads each gradient row once in place (the flat ``(B, n_params)`` array, or every
-  per-parameter tensor of a ``vmap(grad)`` result) and accumulates 4 or 8 rows at a time into an
-  interleaved ``(dim, rows)`` float32 buffer, so one cache line serves several rows; rows are
-  split over ``threads`` threads (default ``torch.get_num_threads()``). Bit-identical to
-  ``"torch"`` on the CPU.
+  (LLVM IR through a numba intrinsic) that reads each gradient row once in place (the flat
+  ``(B, n_params)`` array, or every per-parameter tensor of a ``vmap(grad)`` result) and
+  accumulates 8 or 16 rows at a time into an interleaved ``(dim, rows)`` float32 buffer: the rows
+  of a coordinate are one vector (tiles of 8 coordinates transposed by shuffles), added to its
+  bucket's line by one vector load, multiply by the sign, add and store, coordinate after
+  coordinate; groups of rows are split over ``threads`` threads (default
+  ``torch.get_num_threads()``). The same float32 operations in the same order as ``"torch"``:
+  bit-identical on the CPU.
 * ``"torch"``: batched ``index_add_`` along the coordinate axis (one per parameter for the
   per-parameter input), on any device. On CUDA it adds with atomics, so the last bits of the sums
   depend on the order the device happens to use (equal to the CPU result within float32
@@ -46,8 +49,9 @@ is ``-bucket - 1``) when ``sign = -1`` (4 bytes a coordinate; ``dim <= 2**31``).
 from __future__ import annotations
 
 import math
+import mmap
 import os
-import warnings
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -55,6 +59,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+
+from benchmark.fixed_order import build_numba_kernels
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SIGN_OFFSET = np.uint64(6971419160186945601)
@@ -152,16 +158,7 @@ def _cached_codes(n_params: int, dim: int, seed: int) -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _load_numba() -> SimpleNamespace | None:
-    try:
-        import numba
-    except ImportError:
-        return None
-    try:
-        return _compile_kernels(numba)
-    except Exception as e:  # an incompatible numba must not break sketching: fall back loudly
-        warnings.warn(f"bt-bench: the compiled CountSketch kernels failed to build ({e!r}); "
-                      "falling back to torch index_add_ (slower, same result)", stacklevel=3)
-        return None
+    return build_numba_kernels(_compile_kernels, "CountSketch", "torch index_add_")
 
 
 def _numba() -> SimpleNamespace | None:
@@ -199,62 +196,6 @@ def _compile_kernels(numba) -> SimpleNamespace:  # noqa: C901 (one place for all
             z = z ^ (z >> s31)
             out[k] = b ^ -np.int32(z & one)
 
-    try:
-        prefetch = _prefetch_intrinsic(numba)
-    except Exception:
-        prefetch = None
-    lookahead = 128
-
-    # acc[g, R*b + j] += sign * x[R*g + j, i] for the R rows of each group g in [g0, g1): one
-    # cache line of acc holds several rows of a bucket, so the random accesses touch R times
-    # fewer lines than R separate output rows would.
-    sig_acc = "void(float32[:, ::1], int32[::1], float32[:, ::1], int64, int64)"
-
-    @njit(sig_acc, nogil=True, boundscheck=False)
-    def acc8(x, code, acc, g0, g1):
-        m = x.shape[1]
-        for g in range(g0, g1):
-            a = acc[g]
-            r = 8 * g
-            x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
-            x4, x5, x6, x7 = x[r + 4], x[r + 5], x[r + 6], x[r + 7]
-            for i in range(m):
-                c = code[i]
-                neg = c >> 31
-                b = (c ^ neg) * 8
-                s = f32(1 | neg)
-                a[b] += s * x0[i]
-                a[b + 1] += s * x1[i]
-                a[b + 2] += s * x2[i]
-                a[b + 3] += s * x3[i]
-                a[b + 4] += s * x4[i]
-                a[b + 5] += s * x5[i]
-                a[b + 6] += s * x6[i]
-                a[b + 7] += s * x7[i]
-
-    @njit(sig_acc, nogil=True, boundscheck=False)
-    def acc4(x, code, acc, g0, g1):
-        m = x.shape[1]
-        for g in range(g0, g1):
-            a = acc[g]
-            r = 4 * g
-            x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
-            for i in range(m):
-                c = code[i]
-                neg = c >> 31
-                b = (c ^ neg) * 4
-                s = f32(1 | neg)
-                a[b] += s * x0[i]
-                a[b + 1] += s * x1[i]
-                a[b + 2] += s * x2[i]
-                a[b + 3] += s * x3[i]
-
-    if prefetch is not None:
-        try:
-            acc4 = _acc4_prefetch(njit, sig_acc, prefetch, lookahead)
-        except Exception:
-            pass
-
     @njit("void(float32[:, ::1], int32[::1], float32[:, ::1], int64, int64)", nogil=True,
           boundscheck=False)
     def rows1(x, code, out, r0, r1):
@@ -267,114 +208,227 @@ def _compile_kernels(numba) -> SimpleNamespace:  # noqa: C901 (one place for all
                 neg = c >> 31
                 o[c ^ neg] += f32(1 | neg) * xr[i]
 
-    # out[R*g + j, b] = acc[g, R*b + j]: unrolled over the R rows (vectorizes)
-    sig_finish = "void(float32[:, ::1], float32[:, ::1], int64, int64)"
+    built: dict[tuple[int, bool], object] = {}
+    lock = threading.Lock()
 
-    @njit(sig_finish, nogil=True, boundscheck=False)
-    def finish4(acc, out, g0, g1):
-        for g in range(g0, g1):
-            a = acc[g]
-            o0, o1, o2, o3 = out[4 * g], out[4 * g + 1], out[4 * g + 2], out[4 * g + 3]
-            for b in range(out.shape[1]):
-                o0[b] = a[4 * b]
-                o1[b] = a[4 * b + 1]
-                o2[b] = a[4 * b + 2]
-                o3[b] = a[4 * b + 3]
+    def acc(width: int, prefetch: bool):
+        """The accumulation kernel for ``width`` rows, with or without prefetch (built once)."""
+        with lock:
+            if (width, prefetch) not in built:
+                built[(width, prefetch)] = _vector_acc(numba, width, prefetch)
+            return built[(width, prefetch)]
 
-    @njit(sig_finish, nogil=True, boundscheck=False)
-    def finish8(acc, out, g0, g1):
-        for g in range(g0, g1):
-            a = acc[g]
-            o0, o1, o2, o3 = out[8 * g], out[8 * g + 1], out[8 * g + 2], out[8 * g + 3]
-            o4, o5, o6, o7 = out[8 * g + 4], out[8 * g + 5], out[8 * g + 6], out[8 * g + 7]
-            for b in range(out.shape[1]):
-                o0[b] = a[8 * b]
-                o1[b] = a[8 * b + 1]
-                o2[b] = a[8 * b + 2]
-                o3[b] = a[8 * b + 3]
-                o4[b] = a[8 * b + 4]
-                o5[b] = a[8 * b + 5]
-                o6[b] = a[8 * b + 6]
-                o7[b] = a[8 * b + 7]
-
-    return SimpleNamespace(hash_codes=hash_codes_kernel, acc={4: acc4, 8: acc8}, rows1=rows1,
-                           finish={4: finish4, 8: finish8})
+    acc(_GROUP_WIDTHS[0], False)  # build one now: a failure falls back to torch, loudly
+    finish = {width: _finish(njit, width) for width in _GROUP_WIDTHS}
+    return SimpleNamespace(hash_codes=hash_codes_kernel, acc=acc, widths=_GROUP_WIDTHS,
+                           rows1=rows1, finish=finish)
 
 
-def _acc4_prefetch(njit, sig_acc, prefetch, lookahead: int):
-    """``acc4`` plus a software prefetch of the accumulator line ``lookahead`` coordinates ahead.
+def _finish(njit, width: int):
+    """``finish(acc, out, r0)``: ``out[r0 + j, b] = acc[width * b + j]``, then ``acc = 0``.
 
-    At large ``dim`` the ``4 x dim`` buffer outgrows L1/L2 (1 MiB at dim 65536); the prefetch
-    gained about 20% there on the development machine.
+    De-interleaves in tiles of 256 buckets, so the tile of ``acc`` stays in L1 while its
+    ``width`` rows are written and it is cleared for the next call.
     """
-    f32 = np.float32
 
-    @njit(sig_acc, nogil=True, boundscheck=False)
-    def acc4_prefetch(x, code, acc, g0, g1):
-        m = x.shape[1]
-        for g in range(g0, g1):
-            a = acc[g]
-            r = 4 * g
-            x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
-            for i in range(m):
-                if i + lookahead < m:
-                    cp = code[i + lookahead]
-                    prefetch(a, (cp ^ (cp >> 31)) * 4)
-                c = code[i]
-                neg = c >> 31
-                b = (c ^ neg) * 4
-                s = f32(1 | neg)
-                a[b] += s * x0[i]
-                a[b + 1] += s * x1[i]
-                a[b + 2] += s * x2[i]
-                a[b + 3] += s * x3[i]
+    @njit("void(float32[::1], float32[:, ::1], int64)", nogil=True, boundscheck=False)
+    def finish(acc, out, r0):
+        d = out.shape[1]
+        for b0 in range(0, d, 256):
+            b1 = min(b0 + 256, d)
+            for j in range(width):
+                o = out[r0 + j]
+                for b in range(b0, b1):
+                    o[b] = acc[width * b + j]
+            for k in range(width * b0, width * b1):
+                acc[k] = 0.0
 
-    return acc4_prefetch
+    return finish
 
 
-def _prefetch_intrinsic(numba):
-    """``prefetch(array, index)``: an LLVM write prefetch of ``array[index]``, None if unusable."""
-    for name in ("llvm.prefetch.p0", "llvm.prefetch.p0i8"):  # opaque / typed-pointer LLVM
+class _Buffers:
+    """Zeroed float32 accumulators, reused between calls; thread-safe, at most ``cap_bytes``.
+
+    A fresh buffer page-faults as it fills, and at ``dim = 65536`` its random updates miss the
+    TLB on 4 KiB pages: buffers of 1 MiB and more are private anonymous maps aligned to 2 MiB
+    with ``madvise(MADV_HUGEPAGE)`` (Linux transparent huge pages, where enabled; measured
+    about 1.5x faster at that size), else plain numpy arrays.
+    """
+
+    cap_bytes = 64 << 20
+    huge_from = 1 << 20
+    _HUGE = 2 << 20
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def _new(self, size: int) -> np.ndarray:
+        nbytes = size * 4
+        if nbytes >= self.huge_from and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(
+                mmap, "MAP_PRIVATE"):
+            try:
+                m = mmap.mmap(-1, nbytes + self._HUGE,
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                m.madvise(mmap.MADV_HUGEPAGE)
+                base = np.frombuffer(m, np.uint8)
+                off = (-base.ctypes.data) % self._HUGE
+                return np.frombuffer(m, np.float32, count=size, offset=off)  # zero-filled
+            except (OSError, ValueError, AttributeError):
+                pass
+        return np.zeros(size, dtype=np.float32)
+
+    def take(self, size: int) -> np.ndarray:
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                self._held -= size * 4
+                return free.pop()
+        return self._new(size)
+
+    def give(self, buf: np.ndarray) -> None:
+        """Return a buffer that is all zeros again (``finish`` clears what it reads)."""
+        with self._lock:
+            if self._held + buf.nbytes <= self.cap_bytes:
+                self._free.setdefault(buf.size, []).append(buf)
+                self._held += buf.nbytes
+
+
+_BUFFERS = _Buffers()
+
+
+#: rows sketched together by one pass over the hash codes (the interleaved accumulator's width):
+#: 8 rows = 32 bytes a bucket (16 was slower at dim 65536 once the buffer sits on huge pages)
+_GROUP_WIDTHS = (8,)
+#: coordinates between the prefetch of an accumulator line and its update
+_LOOKAHEAD = 64
+#: accumulators larger than this are prefetched (below, the buffer stays in L2 and the
+#: prefetch only costs instructions)
+_PREFETCH_FROM_BYTES = 256 << 10
+# 8 x 8 transpose of float32 vectors by three rounds of shuffles (unpack, 64-bit, 128-bit)
+_TRANSPOSE_MASKS = (([0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]),
+                    ([0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]),
+                    ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]))
+
+
+def _vector_acc(numba, width: int, prefetch: bool):
+    """``acc(x, code, buf, r0)``: rows ``r0 : r0 + width`` of ``x`` into the interleaved ``buf``.
+
+    ``buf[width * b + j] += sign(i) * x[r0 + j, i]`` for every coordinate ``i`` in increasing
+    order: written in LLVM IR (a numba intrinsic) so that the ``width`` rows of a coordinate are
+    one vector: tiles of 8 coordinates x 8 rows are loaded as 8 vectors and transposed by
+    shuffles, then each coordinate does one vector load-multiply-add-store of its bucket's
+    ``width`` floats (``fmul`` by +-1.0 then ``fadd``, the reference's two float32 operations,
+    coordinate after coordinate, so a bucket hit twice in a tile adds in order). With
+    ``prefetch`` (for a buffer larger than L2), the line of the coordinate :data:`_LOOKAHEAD`
+    ahead is prefetched: tries the prefetch intrinsic's opaque-pointer name, then the typed one,
+    then none.
+    """
+    last = None
+    for name in ("llvm.prefetch.p0", "llvm.prefetch.p0i8", None) if prefetch else (None,):
         try:
-            prefetch = _make_prefetch(name)
-            _probe_prefetch(numba, prefetch)
-            return prefetch
-        except Exception:
-            continue
-    return None
+            kernel = _build_vector_acc(numba, width, name)
+            probe_x = np.zeros((width, 24), np.float32)
+            kernel(probe_x, np.zeros(24, np.int32), np.zeros(width, np.float32), 0)
+            return kernel
+        except Exception as e:  # noqa: BLE001 - next variant; the last error is raised
+            last = e
+    raise last
 
 
-def _make_prefetch(name: str):
+def _build_vector_acc(numba, width: int, prefetch: str | None,  # noqa: C901 - one kernel
+                      lookahead: int = _LOOKAHEAD):
+    """Compile the kernel of :func:`_vector_acc` (``width`` a multiple of 8)."""
+    if width % 8:
+        raise ValueError(f"width must be a multiple of 8, got {width}")
     from llvmlite import ir
-    from numba.core import cgutils, types
+    from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 
+    i8p, i32, i64, f32 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    vw, v8 = ir.VectorType(f32, width), ir.VectorType(f32, 8)
+
+    def mask(m):
+        return ir.Constant(ir.VectorType(i32, len(m)), list(m))
+
+    def transpose8(b, v):
+        for lo, hi in _TRANSPOSE_MASKS[:1]:
+            v = [b.shuffle_vector(v[k & ~1], v[k | 1], mask(lo if k % 2 == 0 else hi))
+                 for k in range(8)]
+        (lo, hi) = _TRANSPOSE_MASKS[1]
+        v = [b.shuffle_vector(v[(k // 4) * 4 + (k % 4) // 2], v[(k // 4) * 4 + (k % 4) // 2 + 2],
+                              mask(lo if k % 2 == 0 else hi)) for k in range(8)]
+        (lo, hi) = _TRANSPOSE_MASKS[2]
+        return [b.shuffle_vector(v[k % 4], v[k % 4 + 4], mask(lo if k < 4 else hi))
+                for k in range(8)]
+
     @intrinsic
-    def prefetch(typingctx, arr, idx):
-        def codegen(context, builder, signature, args):
-            aryty = signature.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
-                                           wraparound=False)
-            i8p = ir.IntType(8).as_pointer()
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
-            # rw=1 (write), locality=3 (keep in all levels), cache type=1 (data)
-            builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+    def scatter(typingctx, x, code, buf, r0):
+        def codegen(context, b, sig, args):
+            xa = context.make_array(sig.args[0])(context, b, args[0])
+            ca = context.make_array(sig.args[1])(context, b, args[1])
+            ba = context.make_array(sig.args[2])(context, b, args[2])
+            m = cgutils.unpack_tuple(b, xa.shape, 2)[1]
+            rows = [b.gep(xa.data, [b.mul(b.add(args[3], ir.Constant(i64, r)), m)])
+                    for r in range(width)]
+
+            def line(i):  # the accumulator address of coordinate i's bucket, and its code
+                c = b.load(b.gep(ca.data, [i]))
+                bucket = b.xor(c, b.ashr(c, ir.Constant(i32, 31)))
+                return b.gep(ba.data, [b.mul(b.sext(bucket, i64), ir.Constant(i64, width))]), c
+
+            def update(i, col):
+                ptr, c = line(i)
+                # the sign as a float: +-1.0 = the code's sign bit | the bits of 1.0
+                s = b.or_(b.and_(c, ir.Constant(i32, -(1 << 31))), ir.Constant(i32, 0x3F800000))
+                s = b.bitcast(s, f32)
+                s = b.insert_element(ir.Constant(vw, ir.Undefined), s, ir.Constant(i32, 0))
+                s = b.shuffle_vector(s, s, mask([0] * width))
+                ptr = b.bitcast(ptr, vw.as_pointer())
+                b.store(b.fadd(b.load(ptr, align=4), b.fmul(col, s)), ptr, align=4)
+
+            fn = None
+            if prefetch is not None:
+                fn = cgutils.get_or_insert_function(
+                    b.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), prefetch)
+            tiles = b.udiv(m, ir.Constant(i64, 8))
+            with cgutils.for_range(b, tiles) as loop:
+                i0 = b.mul(loop.index, ir.Constant(i64, 8))
+                vecs = [b.load(b.bitcast(b.gep(rows[r], [i0]), v8.as_pointer()), align=4)
+                        for r in range(width)]
+                blocks = [transpose8(b, vecs[8 * s:8 * s + 8]) for s in range(width // 8)]
+                if fn is not None:
+                    ahead = b.add(i0, ir.Constant(i64, lookahead))
+                    with b.if_then(b.icmp_signed("<=", b.add(ahead, ir.Constant(i64, 8)), m)):
+                        for k in range(8):  # write, keep in all cache levels, data
+                            ptr = line(b.add(ahead, ir.Constant(i64, k)))[0]
+                            b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(i32, 1),
+                                        ir.Constant(i32, 3), ir.Constant(i32, 1)])
+                for k in range(8):
+                    col = [blk[k] for blk in blocks]  # concatenate the 8-row parts pairwise
+                    while len(col) > 1:
+                        n2 = 2 * col[0].type.count
+                        col = [b.shuffle_vector(col[j], col[j + 1], mask(range(n2)))
+                               for j in range(0, len(col), 2)]
+                    update(b.add(i0, ir.Constant(i64, k)), col[0])
+            tail = b.mul(tiles, ir.Constant(i64, 8))
+            with cgutils.for_range_slice(b, tail, m, ir.Constant(i64, 1), inc=True) as (i, _):
+                col = ir.Constant(vw, ir.Undefined)
+                for r in range(width):
+                    col = b.insert_element(col, b.load(b.gep(rows[r], [i])), ir.Constant(i32, r))
+                update(i, col)
             return context.get_dummy_value()
 
-        return types.void(arr, idx), codegen
+        return types.void(x, code, buf, r0), codegen
 
-    return prefetch
+    @numba.njit("void(float32[:, ::1], int32[::1], float32[::1], int64)", nogil=True,
+                boundscheck=False)
+    def acc(x, code, buf, r0):
+        scatter(x, code, buf, r0)
 
-
-def _probe_prefetch(numba, prefetch) -> None:
-    @numba.njit("void(float32[::1])")
-    def probe(a):
-        prefetch(a, 0)
-
-    probe(np.zeros(1, np.float32))
+    return acc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,11 +582,13 @@ class CountSketch:
     def _sketch_numba(self, nb: SimpleNamespace, parts: list[torch.Tensor], rows: int,
                       threads: int) -> torch.Tensor:
         d = self.dim
-        width = 8 if d <= 8192 else 4  # rows per group: the (dim, width) buffer stays in cache
-        groups = rows // width
+        groups, r = [], 0  # groups of rows sketched together, then single rows
+        for w in sorted(nb.widths, reverse=True):
+            while rows - r >= w:
+                groups.append((r, w))
+                r += w
         out = torch.empty(rows, d, dtype=torch.float32)  # finish() writes the grouped rows
-        out[groups * width :] = 0.0
-        acc = np.zeros((groups, d * width), dtype=np.float32)
+        out[r:] = 0.0
         out_np = out.numpy()
         arrays, offsets, off = [], [], 0
         for p in parts:
@@ -541,22 +597,23 @@ class CountSketch:
                 offsets.append(off)
             off += p.shape[1]
         codes = self.codes
-        kernel = nb.acc[width]
-        # work items: ranges of row groups, and the leftover rows (fewer than `width`)
-        n_items = max(1, min(threads, groups + (rows > groups * width)))
-        bounds = np.linspace(0, groups, n_items + 1).round().astype(int)
-        items = [(int(bounds[k]), int(bounds[k + 1]), k == n_items - 1) for k in range(n_items)]
+        # work items: contiguous runs of groups, and the leftover rows (fewer than 8)
+        n_items = max(1, min(threads, len(groups) + (rows > r)))
+        bounds = np.linspace(0, len(groups), n_items + 1).round().astype(int)
+        items = [(groups[bounds[k]:bounds[k + 1]], k == n_items - 1) for k in range(n_items)]
 
-        def work(item: tuple[int, int, bool]) -> None:
-            g0, g1, tail = item
-            for a, o in zip(arrays, offsets, strict=True):
-                c = codes[o : o + a.shape[1]]
-                if g1 > g0:
-                    kernel(a, c, acc, g0, g1)
-                if tail and rows > groups * width:
-                    nb.rows1(a, c, out_np, groups * width, rows)
-            if g1 > g0:
-                nb.finish[width](acc, out_np, g0, g1)
+        def work(item: tuple[list[tuple[int, int]], bool]) -> None:
+            mine, tail = item
+            for r0, w in mine:  # group by group: its accumulator stays in cache across parts
+                buf = _BUFFERS.take(d * w)
+                kernel = nb.acc(w, d * w * 4 > _PREFETCH_FROM_BYTES)
+                for a, o in zip(arrays, offsets, strict=True):
+                    kernel(a, codes[o : o + a.shape[1]], buf, r0)
+                nb.finish[w](buf, out_np, r0)
+                _BUFFERS.give(buf)
+            if tail and rows > r:
+                for a, o in zip(arrays, offsets, strict=True):
+                    nb.rows1(a, codes[o : o + a.shape[1]], out_np, r, rows)
 
         _run_threads(work, items, threads)
         return out

@@ -60,14 +60,17 @@ class SketchRows:
     Backed by a stored ``(m, d)`` array (a memory map of a release file, float16 or float32
     scaled by ``scale``) and, per rollout, the row it is stored in (``-1``: an all-zero gradient,
     not stored). With ``segments`` (``(n + 1,)`` offsets into the rollouts) a unit is the sum of
-    a contiguous run of rollouts (the step view). A pass reads blocks of whole units of about
-    :data:`CHUNK_BYTES`, converts them with torch into one reused buffer and releases the file's
-    pages from resident memory as it goes, so memory stays flat whatever the file's size.
+    a contiguous run of rollouts (the step view). The float64 dots and norms read the stored
+    rows in place; the other passes (blocks, Gram matrix, float32) read blocks of whole units of
+    about :data:`CHUNK_BYTES`, converted with torch into one reused buffer. Every pass releases
+    the file's pages from resident memory as it goes, so memory stays flat whatever the file's
+    size.
 
-    ``precision`` of the reductions: ``"float64"`` (default) accumulates every dot product and
-    norm in float64, so results agree across machines to about 1e-16 and never reorder a
-    ranking; ``"float32"`` is about twice as fast at paper scale (vectorized float32 kernels) but
-    its rounding (about 1e-6 relative) depends on the CPU.
+    ``precision`` of the reductions: ``"float64"`` (default) sums every dot product and norm in
+    float64 in the fixed order of :mod:`benchmark.fixed_order`, read in place from the map: the
+    same bits on every machine and at any thread count, so a ranking never depends on the CPU;
+    ``"float32"`` uses torch's float32 kernels (rounding of about 1e-7 relative that depends on
+    the CPU), faster only where numba is missing.
 
     Args:
         stored: ``(m, d)`` stored values (usually ``np.load(path, mmap_mode="r")``).
@@ -211,6 +214,75 @@ class SketchRows:
                   precision: str = "float64") -> tuple[np.ndarray | None, np.ndarray | None]:
         """One pass: ``sketches @ t`` (``(n,)``, or ``(n, m)`` for ``t`` ``(d, m)``) and norms.
 
+        ``precision="float64"``: the fixed-order sums of :mod:`benchmark.fixed_order` (a unit's
+        vector is the exact float64 sum of its rollouts' stored rows; dot and norm are summed
+        in a documented order), identical on every machine and at any thread count.
+        ``"float32"``: torch float32 kernels (CPU-dependent rounding). Float64 results.
+        """
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}; choose one of {PRECISIONS}")
+        if precision == "float32":
+            return self._dot_norms_torch(t, want_norms, precision)
+        return self._dot_norms_fixed(t, want_norms)
+
+    def _targets(self, t: np.ndarray) -> np.ndarray:
+        """``t`` ``(d,)`` or ``(d, m)`` as float64 ``(m, d)`` rows (a copy)."""
+        ta = np.asarray(t, dtype=np.float64)
+        if ta.ndim not in (1, 2) or ta.shape[0] != self.dim:
+            raise ValueError(f"target has shape {ta.shape}, expected ({self.dim},) or "
+                             f"({self.dim}, m) for sketches of dimension {self.dim}")
+        return np.array(ta.reshape(self.dim, -1).T, dtype=np.float64, order="C")
+
+    def _dot_norms_fixed(self, t: np.ndarray | None, want_norms: bool,
+                         backend: str | None = None, threads: int | None = None
+                         ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The float64 path: :func:`benchmark.fixed_order.reduce_units` over ranges of units.
+
+        Each range holds about :data:`RELEASE_BYTES` of stored rows, read in place from the
+        map, whose pages are released after the range.
+        """
+        from benchmark import fixed_order
+
+        pos, srt, cum, seg, _, increasing = self._plan()
+        n_units = seg.size - 1
+        T = self._targets(t) if t is not None else np.zeros((0, self.dim))
+        dots = np.zeros((n_units, T.shape[0]))
+        sq = np.zeros(n_units)
+        if self.stored.shape[0] > 0 and n_units > 0 and srt.size > 0:
+            starts = np.array(cum[seg], dtype=np.int64)
+            rows = np.array(srt, dtype=np.int64)
+            if backend is None:  # small passes: numpy (same bits) rather than compiling
+                backend = fixed_order.choose_backend(rows.size * self.dim)
+            widest = int(np.diff(starts).max())
+            row_bytes = self.stored.strides[0]
+            per = max(1, RELEASE_BYTES // max(1, row_bytes * widest))
+            released = 0
+            try:
+                for k0 in range(0, n_units, per):
+                    k1 = min(k0 + per, n_units)
+                    fixed_order.reduce_units(self.stored, rows, starts, T, want_norms, k0, k1,
+                                             out=(dots, sq), backend=backend, threads=threads)
+                    a, b = int(starts[k0]), int(starts[k1])
+                    if increasing and b > a:
+                        last = int(rows[b - 1]) + 1
+                        self._release(released, last)
+                        released = last
+            finally:
+                self._release(0, self.stored.shape[0])
+        inv = 1.0 / self.scale
+        out_dots = None
+        if t is not None:
+            out_dots = dots * inv
+            if np.ndim(t) == 1:
+                out_dots = out_dots[:, 0]
+        norms = np.sqrt(sq) * inv if want_norms else None
+        return out_dots, norms
+
+    def _dot_norms_torch(self, t: np.ndarray | None, want_norms: bool = True,
+                         precision: str = "float32"
+                         ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The torch path (float32, or float64 as before fixed-order sums; CPU-dependent order).
+
         Linear, so a unit's dot is the sum of its rollouts' (computed from stored rows only);
         a unit's norm is that of the sum of its rollouts' sketches. Float64 results.
         """
@@ -340,8 +412,8 @@ class SketchSpec:
 class _SketchAccess:
     """The sketch reads of a view with a ``sketch_rows`` field (:class:`SketchRows`).
 
-    Reductions stream the rows in blocks and accumulate in float64 by default (rankings that
-    do not depend on the machine's summation order); ``precision="float32"`` is faster.
+    Reductions stream the rows and sum in float64 in a fixed order by default (the same bits,
+    hence the same rankings, on every machine); ``precision="float32"`` rounds per CPU.
     """
 
     sketch_rows: SketchRows
@@ -357,7 +429,7 @@ class _SketchAccess:
         return self.sketch_rows.iter(chunk)
 
     def sketch_dot(self, t: np.ndarray, precision: str = "float64") -> np.ndarray:
-        """Streamed ``(n,)`` ``sketches @ t`` (float64 results; see :class:`SketchRows`)."""
+        """Streamed ``(n,)`` ``sketches @ t`` (``(n, m)`` for ``t`` ``(d, m)``), float64."""
         return self.sketch_rows.dot(t, precision=precision)
 
     def sketch_norms(self, precision: str = "float64") -> np.ndarray:

@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [--dim 65536]
            [--rss-sizes 4000,8000,16000] [--precision float64,float32] [--repeats 2]
+           [--no-old-float64]
            [--threads 1] [--mem-cap-gb 6] [--skip-throughput] [--skip-rss] [--isolated]
            [--json PATH] [--quick]
 
@@ -15,9 +16,13 @@ Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [-
 2. Throughput, in one fresh process (``--n-rollouts``): with the page cache warm, a plain
    sequential read of ``sketches.npy`` (``readinto`` a reused 16 MiB buffer) against GAS
    ``score_rollouts`` on the rollout view and on the step view that ``benchmark.data`` builds
-   (the views ``load_view`` returns), in GB/s of sketch-file bytes; best of ``--repeats``. Also:
-   the memory map converted to float32 by numpy (what any numpy reader pays), and GAS with the
-   norms computed beforehand (e.g. by the evaluator; GAS is then one dot pass).
+   (the views ``load_view`` returns), in GB/s of sketch-file bytes; best of ``--repeats``, by
+   wall-clock time and by CPU time of the process (less inflated by other processes). Also:
+   the memory map converted to float32 by numpy (what any numpy reader pays), GAS with the
+   norms computed beforehand (e.g. by the evaluator; GAS is then one dot pass), and, unless
+   ``--no-old-float64``, GAS through the previous float64 path (torch copies into float64
+   blocks, BLAS dot products, torch norms: ``SketchRows._dot_norms_torch``), the "before" of
+   the fixed-order kernels. The first float64 pass (it builds numba's kernels) is timed apart.
 3. Peak memory, each in a fresh process per size of ``--rss-sizes``: the *evaluator* (verify the
    release, build the views, export the view folder, score the target-free controls: norm-only
    streams ``view.sketch_norms()``) and the *sandbox side* (load the exported view folder with
@@ -31,12 +36,12 @@ Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [-
    and determinism re-run) on the ``--n-rollouts`` release; ok or the error, and the wall time.
 
 ``--precision`` chooses the reductions of ``benchmark.view.SketchRows`` (``float64``: the default,
-machine-independent; ``float32``: vectorized float32 kernels, CPU-dependent rounding); GAS runs
-with each (in the sandbox through a generated estimator file that passes the precision). Every child
-runs under ``RLIMIT_AS = --mem-cap-gb`` (the sandbox's own limit, 6 GiB by default) so that a view
-that would need more fails with ``MemoryError`` instead of pressing the machine; BLAS, OpenMP and
-torch use ``--threads`` threads (1 by default: on a shared 2-core machine, 2 threads run 30x
-slower).
+fixed-order sums of ``benchmark.fixed_order``, the same bits on every CPU; ``float32``: torch's
+float32 kernels, CPU-dependent rounding); GAS runs with each (in the sandbox through a generated
+estimator file that passes the precision). Every child runs under ``RLIMIT_AS = --mem-cap-gb``
+(the sandbox's own limit, 6 GiB by default) so that a view that would need more fails with
+``MemoryError`` instead of pressing the machine; BLAS, OpenMP and torch use ``--threads``
+threads (1 by default: on a shared 2-core machine, 2 threads run 30x slower).
 
 Prints a table, then one JSON line (also written to ``--json``). ``--quick``: 2,048 x 4,096, one
 size, one repeat; seconds, with GAS's streamed scores saved for a dense check
@@ -285,25 +290,36 @@ def _views(release: Path):
     return load_seed(rel, 0, "gradient", [TASK])[TASK]
 
 
-def _seq_read(path: Path, buf: bytearray) -> float:
-    t0 = time.perf_counter()
+def _clock() -> tuple[float, float]:
+    """(wall, CPU) seconds: CPU time (user + system of this process) is what a contended
+    machine inflates least (another process's turn on the core is not counted)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t0: tuple[float, float]) -> tuple[float, float]:
+    t1 = _clock()
+    return t1[0] - t0[0], t1[1] - t0[1]
+
+
+def _seq_read(path: Path, buf: bytearray) -> tuple[float, float]:
+    t0 = _clock()
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
             pass
-    return time.perf_counter() - t0
+    return _since(t0)
 
 
-def _convert_read(mm: np.ndarray) -> float:
+def _convert_read(mm: np.ndarray) -> tuple[float, float]:
     """Stream the memory map ``mm`` through a reused float32 buffer with numpy (then dropped)."""
     import mmap
 
     per = max(1, (64 << 20) // (mm.shape[1] * 2))
     buf = np.empty((per, mm.shape[1]), np.float32)
-    t0 = time.perf_counter()
+    t0 = _clock()
     for lo in range(0, mm.shape[0], per):
         blk = mm[lo:lo + per]
         np.copyto(buf[:blk.shape[0]], blk)
-    dt = time.perf_counter() - t0
+    dt = _since(t0)
     mm._mmap.madvise(mmap.MADV_DONTNEED)
     return dt
 
@@ -315,6 +331,14 @@ def _gas(view, precision: str) -> np.ndarray:
     return sketch_cosine(view, view.target("nll"), precision=precision)
 
 
+def _gas_torch64(view) -> np.ndarray:
+    """GAS through the previous float64 path (torch copies + BLAS; CPU-dependent order)."""
+    t = np.asarray(view.target("nll"), np.float64)
+    dots, norms = view.sketch_rows._dot_norms_torch(t, True, "float64")
+    n = norms * np.linalg.norm(t)
+    return np.where(n > 1e-12, dots / np.maximum(n, 1e-12), 0.0)
+
+
 def _gas_norms_known(view, precision: str, norms: np.ndarray) -> np.ndarray:
     """GAS when the norms are known beforehand: one dot pass."""
     t = np.asarray(view.target("nll"), np.float64)
@@ -323,13 +347,13 @@ def _gas_norms_known(view, precision: str, norms: np.ndarray) -> np.ndarray:
     return np.where(n > 1e-12, dots / np.maximum(n, 1e-12), 0.0)
 
 
-def _timed(fn) -> tuple[float | None, object]:
-    t0 = time.perf_counter()
+def _timed(fn) -> tuple[tuple[float, float] | None, object]:
+    t0 = _clock()
     try:
         out = fn()
     except MemoryError:
         return None, "MemoryError"
-    return time.perf_counter() - t0, out
+    return _since(t0), out
 
 
 def child_throughput(args) -> dict:
@@ -341,8 +365,12 @@ def child_throughput(args) -> dict:
     _seq_read(path, buf)  # warm the page cache
     times: dict[str, list] = {"read": [], "read_convert_numpy": []}
     scores: dict[str, np.ndarray] = {}
+    from benchmark import fixed_order
+
+    t0 = time.perf_counter()  # the first float64 pass: builds the compiled kernels (if numba)
     norms = {gran: view.sketch_norms() for gran, view in (("rollout", td.rollout_view),
                                                           ("step", td.step_view))}
+    first_pass_s = time.perf_counter() - t0
     for _ in range(args.repeats):
         times["read"].append(_seq_read(path, buf))
         times["read_convert_numpy"].append(_convert_read(td.rollout_view.sketch_rows.stored))
@@ -351,6 +379,8 @@ def child_throughput(args) -> dict:
                 runs = [(f"gas_{gran}_{prec}", lambda v=view, p=prec: _gas(v, p)),
                         (f"gas_{gran}_{prec}_norms_known",
                          lambda v=view, p=prec, g=gran: _gas_norms_known(v, p, norms[g]))]
+                if prec == "float64" and args.old_float64:
+                    runs.append((f"gas_{gran}_float64_torch", lambda v=view: _gas_torch64(v)))
                 for key, fn in runs:
                     dt, out = _timed(fn)
                     times.setdefault(key, []).append(dt if dt is not None else out)
@@ -358,15 +388,21 @@ def child_throughput(args) -> dict:
                         scores[key] = out
     res = {"file_bytes": nbytes, "rows": int(td.rollout_view.n), "dim": int(
         td.rollout_view.sketch_rows.dim), "threads": args.threads, "repeats": args.repeats,
-        "rates_gbs": {}, "errors": {}, "status": _status()}
+        "rates_gbs": {}, "cpu_rates_gbs": {}, "errors": {}, "status": _status(),
+        "float64_backend": "numba" if fixed_order.numba_available() else "numpy",
+        "first_float64_pass_s": first_pass_s}
     for key, ts in times.items():
-        ok = [t for t in ts if isinstance(t, float)]
+        ok = [t for t in ts if isinstance(t, tuple)]
         if ok:
-            res["rates_gbs"][key] = nbytes / min(ok) / 1e9
+            res["rates_gbs"][key] = nbytes / min(t[0] for t in ok) / 1e9
+            res["cpu_rates_gbs"][key] = nbytes / min(t[1] for t in ok) / 1e9
         else:
             res["errors"][key] = ts[0]
     read = res["rates_gbs"]["read"]
     res["ratio_to_read"] = {k: v / read for k, v in res["rates_gbs"].items() if k != "read"}
+    cpu_read = res["cpu_rates_gbs"]["read"]
+    res["cpu_ratio_to_read"] = {k: v / cpu_read for k, v in res["cpu_rates_gbs"].items()
+                                if k != "read"}
     res["max_abs_diff"] = {}
     for gran in ("rollout", "step"):
         ref = f"gas_{gran}_float64" if f"gas_{gran}_float64" in scores else None
@@ -524,6 +560,8 @@ def _run_child(kind: str, args, release: Path, impl: list[str], **extra) -> dict
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--release",
            str(release), "--precision", ",".join(impl), "--threads", str(args.threads),
            "--repeats", str(args.repeats), "--mem-cap-gb", str(args.mem_cap_gb)]
+    if not args.old_float64:
+        cmd.append("--no-old-float64")
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -593,14 +631,17 @@ def print_report(res: dict) -> None:
     if tp and "failed" not in tp:
         print(f"\nthroughput, {tp['rows']:,} x {tp['dim']:,} float16 "
               f"({tp['file_bytes'] / 1e9:.2f} GB), warm page cache, best of {tp['repeats']}:")
-        print(f"  {'what':34s} {'GB/s':>7s} {'ratio to read':>14s}")
+        print(f"  {'what':34s} {'GB/s':>7s} {'ratio to read':>14s} {'CPU-time ratio':>15s}")
         for k, v in tp["rates_gbs"].items():
             ratio = "1.00" if k == "read" else f"{tp['ratio_to_read'][k]:.3f}"
-            print(f"  {k:34s} {v:7.2f} {ratio:>14s}")
+            cpu = "1.00" if k == "read" else f"{tp.get('cpu_ratio_to_read', {}).get(k, 0):.3f}"
+            print(f"  {k:34s} {v:7.2f} {ratio:>14s} {cpu:>15s}")
         for k, v in tp["errors"].items():
             print(f"  {k:34s} {v}")
         for k, v in tp["max_abs_diff"].items():
             print(f"  max |score difference| {k}: {v:.2e}")
+        print(f"  float64 reductions: {tp.get('float64_backend')} backend; the first pass "
+              f"(building its kernels) took {tp.get('first_float64_pass_s', 0):.2f} s")
     elif tp:
         print(f"\nthroughput child failed: {tp['failed']}\n{tp['output_tail']}")
     if res.get("rss"):
@@ -639,6 +680,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", dest="impl", default="float64,float32",
                    help="precision of the view's reductions: float64 (default), float32, or both")
     p.add_argument("--repeats", type=int, default=2, help="throughput: best of this many")
+    p.add_argument("--no-old-float64", dest="old_float64", action="store_false",
+                   help="throughput: skip GAS through the previous float64 path (torch + BLAS)")
     p.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP/torch threads")
     p.add_argument("--mem-cap-gb", type=float, default=6.0,
                    help="RLIMIT_AS of every child, GiB (the sandbox's default limit)")

@@ -25,6 +25,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from benchmark.fixed_order import dot_norms
 from benchmark.view import DrawView, RunView
 
 TRACKS = ("gradient", "open")
@@ -82,12 +83,21 @@ class BaseEstimator:
 
 
 def cosine(rows: np.ndarray, target: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Cosine of each row of ``rows`` ``(n, d)`` with ``target`` ``(d,)``; 0 for all-zero rows."""
+    """Cosine of each row of ``rows`` ``(n, d)`` with ``target`` ``(d,)``; 0 for all-zero rows.
+
+    Dots and norms are float64 sums in the fixed order of :mod:`benchmark.fixed_order`, so the
+    cosines are the same bits on every machine.
+    """
     rows = np.asarray(rows, dtype=np.float64)
     t = np.asarray(target, dtype=np.float64)
-    dots = rows @ t
-    norms = np.linalg.norm(rows, axis=1) * np.linalg.norm(t)
+    dots, norms = dot_norms(rows, t)
+    norms = norms * _norm(t)
     return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
+
+
+def _norm(t: np.ndarray) -> float:
+    """``||t||`` of a ``(d,)`` vector, summed in the fixed order (BLAS's would vary by CPU)."""
+    return float(dot_norms(np.asarray(t, dtype=np.float64)[None, :], t)[1][0])
 
 
 def sketch_cosine(view: RunView | DrawView, target: np.ndarray, eps: float = 1e-12,
@@ -95,12 +105,13 @@ def sketch_cosine(view: RunView | DrawView, target: np.ndarray, eps: float = 1e-
     """Cosine of every unit's sketch with ``target`` ``(d,)``, streamed (memory stays flat).
 
     The same numbers as ``cosine(view.sketches, target)`` from one pass over the sketches,
-    without materializing the matrix; 0 for all-zero sketches. ``precision="float32"`` is faster
-    at paper scale but rounds in a CPU-dependent way (see ``benchmark.view.SketchRows``).
+    without materializing the matrix; 0 for all-zero sketches. ``precision="float64"`` sums in
+    a fixed order (the same bits on every machine); ``"float32"`` rounds in a CPU-dependent way
+    (see ``benchmark.view.SketchRows``).
     """
     t = np.asarray(target, dtype=np.float64)
     dots, norms = view.sketch_dot_norms(t, precision=precision)
-    norms = norms * np.linalg.norm(t)
+    norms = norms * _norm(t)
     return np.where(norms > eps, dots / np.maximum(norms, eps), 0.0)
 
 

@@ -129,8 +129,8 @@ def test_sketch_follows_documented_summation_order_exactly(need_numba):
         np.testing.assert_array_equal(cs.sketch(torch.from_numpy(x), backend=backend).numpy(), ref)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 9, 13, 32])
-@pytest.mark.parametrize("dim", [64, 8192, 16384])  # 8 rows per group up to 8192, then 4
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 13, 24, 32])
+@pytest.mark.parametrize("dim", [64, 8192, 16384])  # groups of 8 rows up to 8192, then 16 and 8
 def test_numba_and_index_add_backends_are_bit_identical(need_numba, rows, dim):
     g = torch.Generator().manual_seed(rows * dim)
     n = 20011
