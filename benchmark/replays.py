@@ -249,7 +249,7 @@ def _context(store: ReplayStore, seed: int, contexts: dict):
 
     if seed not in contexts:
         ctx = ReplaySeed(store.release_path / f"seed{seed}", precision=REPLAY_PRECISION)
-        contexts[seed] = StackedReplay(ctx, reverse_rows=row_order() == "reversed")
+        contexts[seed] = StackedReplay.of_seed(ctx, reverse_rows=row_order() == "reversed")
     return contexts[seed]
 
 

@@ -29,7 +29,7 @@ def seed_ctx(micro_release):
 
 @pytest.fixture(scope="module")
 def sr(seed_ctx):
-    return S.StackedReplay(seed_ctx)
+    return S.StackedReplay.of_seed(seed_ctx)
 
 
 def _members(sr, n, stop, seed=0, size=3):
@@ -151,7 +151,7 @@ _OTHER_WIDTH = r"""
 import json, sys, numpy as np, torch
 from benchmark.build import stacked as S
 from benchmark.build.replay import ReplaySeed
-sr = S.StackedReplay(ReplaySeed(sys.argv[1], precision="float64"))
+sr = S.StackedReplay.of_seed(ReplaySeed(sys.argv[1], precision="float64"))
 stop = sr.cfg.steps
 nps = sr.cfg.prompts_per_step * sr.cfg.group_size
 ms = [S.Member(f"m{j}", {0: {j}, 1: {j + 1}}, stop, join=0, measure_tasks=(sr.cfg.behaviors[0].id,))

@@ -548,22 +548,34 @@ class Member:
 class StackedReplay:
     """The fixed inputs of a seed's replays: config, tokenizer, start model, measure prompts."""
 
-    def __init__(self, seed_ctx, reverse_rows: bool = False) -> None:
-        """``seed_ctx``: a :class:`benchmark.build.replay.ReplaySeed`.
+    def __init__(self, cfg, tokenizer, model, measure=None, reverse_rows: bool = False) -> None:
+        """A run's replays from ``model``'s parameters (the post-SFT start).
 
-        ``reverse_rows`` adds each update's groups, and the rows within them, in reverse order:
-        the same update with another floating-point summation order (how the cross-machine
-        tolerance is measured, docs/causal.md).
+        Args:
+            cfg: the run's :class:`~benchmark.build.presets.BuildConfig`.
+            tokenizer: its tokenizer.
+            model: the start model (any float dtype; the engine computes in float64).
+            measure: a :class:`~benchmark.build.measure.Measure` (the causal measure's
+                prompts; default: built from ``cfg`` and ``tokenizer``).
+            reverse_rows: add each update's groups, and the rows within them, in reverse
+                order: the same update with another floating-point summation order (how the
+                cross-machine tolerance is measured, docs/causal.md).
         """
-        self.ctx = seed_ctx
+        from benchmark.build.measure import Measure
+
         self.reverse_rows = bool(reverse_rows)
-        self.cfg = seed_ctx.cfg
-        model = seed_ctx.fresh_model()
+        self.cfg = cfg
         self.arch = Arch.of(model)
         self.start = initial_state(model)
-        self.tok = seed_ctx.tokenizer
-        self.measure = seed_ctx.measure
+        self.tok = tokenizer
+        self.measure = measure if measure is not None else Measure(cfg, tokenizer)
         self._prompts: dict[int, tuple] = {}
+
+    @classmethod
+    def of_seed(cls, seed_ctx, reverse_rows: bool = False) -> StackedReplay:
+        """The replays of a release seed (a :class:`benchmark.build.replay.ReplaySeed`)."""
+        return cls(seed_ctx.cfg, seed_ctx.tokenizer, seed_ctx.fresh_model(), seed_ctx.measure,
+                   reverse_rows)
 
     def step_prompts(self, step: int) -> tuple[list, list[list[int]]]:
         """The step's prompts (one per group) and their ids."""
