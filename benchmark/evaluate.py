@@ -55,7 +55,7 @@ CONTROL_FILES = {
     "step-order": "step_order.py",
 }
 #: controls scored only beside open-track estimators (they read text)
-OPEN_CONTROL_FILES = {"text-only": "text_only.py"}
+OPEN_CONTROL_FILES = {"text-only": "text_only.py", "text-advantage": "text_advantage.py"}
 GT_KINDS = ("group", "rollout")
 NO_GT = "no ground-truth rollout in the learning window of this seed"
 
