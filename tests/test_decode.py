@@ -22,7 +22,9 @@ def model():
 def test_lean_decoder_matches_the_model_everywhere_and_is_used_only_when_bit_identical(model):
     lean = D.LeanDecoder(model)
     res = lean.check(n_inputs=16)
-    # on every CPU: the same computation up to kernel rounding
+    # on every CPU: the same computation up to kernel rounding (float32 logits |x| <= 1 of a
+    # hidden-32 model: a few u = 2**-24 per layer); measured 0 (bit-identical) under avx2 and
+    # default, so 1e-4 is slack for a CPU whose kernels differ between the two paths
     assert res["max_abs_diff"] <= 1e-4, res
     chosen = D.make_decoder(model)
     assert chosen.kind == ("lean" if res["bit_identical"] else "hf")
@@ -51,11 +53,14 @@ def test_float64_decoding_is_bit_identical_between_lean_and_the_model(model):
     m64 = widen(copy.deepcopy(model))
     assert next(m64.parameters()).dtype == torch.float64
     res = D.LeanDecoder(m64).check(n_inputs=8)
+    # float64 (u = 2**-53 = 1.1e-16) on logits |x| <= 1: measured 0 under avx2 and default
     assert res["max_abs_diff"] <= 1e-12, res
     # float64 logits agree with float32 ones to float32 precision
     ids = torch.tensor([[1, 4, 8, 20, 21, 22, 7]])
     with torch.no_grad():
         d = (m64(input_ids=ids).logits - model(input_ids=ids).logits.double()).abs().max()
+    # float32 rounding of a 2-layer forward, ~10 ops deep with 32-64-term sums: measured
+    # 5.9e-8 (avx2) and 6.4e-8 (default) on logits |x| <= 0.7; 1e-4 is 1500x that
     assert float(d) < 1e-4
 
 

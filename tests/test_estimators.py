@@ -58,8 +58,11 @@ def test_local_buffer_scores_only_the_last_steps():
 def test_controls():
     v = make_view()
     ctl = {name: est(f"controls/{f}") for name, f in CONTROL_FILES.items()}
+    # the control's float64 norm of float32 rows against numpy's float64 one: a sum of 8
+    # squares and a square root, <= 10 * 2**-53 relative apart (the default rtol 1e-7 is 1e8x
+    # that; numpy's float32 norm would be up to 2**-24 = 6e-8 away, 60% of the bound)
     np.testing.assert_allclose(ctl["norm-only"].score_rollouts(v),
-                               np.linalg.norm(v.sketches, axis=1))
+                               np.linalg.norm(v.sketches.astype(np.float64), axis=1))
     np.testing.assert_array_equal(ctl["fluency"].score_rollouts(v), v.fluency)
     np.testing.assert_array_equal(ctl["advantage-only"].score_rollouts(v), v.advantages)
     np.testing.assert_array_equal(ctl["step-order"].score_rollouts(v), -v.steps)

@@ -29,6 +29,8 @@ def test_step_level_rows_match_paper_csv(paper_runs, reproduced):
     assert len(step) == 14 and {r.seed for r in step} == {"0"}
     for r in step:
         e = expected[(r.seed, r.table, r.method)]
+        # the CSV prints 4 decimals: rounding alone moves a value by <= 5e-5 (measured 4.9e-5,
+        # here and in the minimal pairs below); 5e-4 allows 10x that
         assert r.value == pytest.approx(e.value, abs=5e-4), r
         assert r.n == e.n
     overall = [r for r in step if r.table == "overall"]

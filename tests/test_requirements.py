@@ -7,6 +7,8 @@ installs a real wheel from PyPI and skips when PyPI cannot be reached.
 from __future__ import annotations
 
 import hashlib
+import site
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -158,8 +160,15 @@ def test_install_records_versions_and_shares_the_core(ok_env, wheels, tmp_path):
     assert env.record() == [{"name": "btb-fixture-ok", "version": "1.0"}]
     assert env.prefix.parent == cache / "envs" and env.prefix.name == R.env_key(
         ["btb-fixture-ok==1.0"], offline(wheels))
+    # what the sandbox binds depends on how bt-bench itself is installed: from the system
+    # interpreter (CI) only the environment; from a virtual environment (the README followed in
+    # a venv) also that venv's site folders, which hold the core (torch) and which the new
+    # environment's --system-site-packages cannot see (they are not the base interpreter's)
+    base = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]))
+    core = [d for d in site.getsitepackages() if d not in base and Path(d).is_dir()]
+    assert bool(core) == (sys.prefix != sys.base_prefix), (sys.prefix, sys.base_prefix, core)
     assert env.sandbox_kwargs() == {"python": str(env.prefix / "bin" / "python"),
-                                    "extra_read_only": [str(env.prefix)]}
+                                    "extra_read_only": [str(env.prefix), *core]}
     whl = wheels / "btb_fixture_ok-1.0-py3-none-any.whl"
     assert env.wheels == ((whl.name, hashlib.sha256(whl.read_bytes()).hexdigest()),)
     value, torch_file = inside(

@@ -48,6 +48,11 @@ def test_sketch_matches_explicit_loop_and_is_linear():
     ref = torch.zeros(64)
     for i in range(1000):
         ref[cs.bucket[i]] += cs.sign[i] * x[i]
+    # float32 bucket sums of ~16 (at most ~40) terms |x| ~ 1 in two orders: within
+    # 2 * 40 * 2**-24 * sum|terms| (~1.5e-4 for a bucket's ~30 of mass) of each other in the
+    # worst case, typically sqrt(terms) ulps; torch.allclose adds rtol 1e-5 |ref|. Measured: the
+    # same bits (loop and kernel add in row order) here and in the sparse product below, and
+    # 7.6e-6 (avx2) / 5.7e-6 (default) for linearity, at most 2.8% of its bound
     assert torch.allclose(cs.sketch(x), ref, atol=1e-5)
     assert torch.allclose(cs.sketch(2 * x - 3 * y), 2 * cs.sketch(x) - 3 * cs.sketch(y), atol=1e-4)
     batch = torch.stack([x, y])
