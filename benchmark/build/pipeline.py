@@ -221,8 +221,12 @@ class SeedBuild:
             rows = []
             for p, x in zip(prompts, u, strict=True):
                 show = p.trigger is not None and x < cfg.behavior(p.trigger).sft_behavior_fraction
+                # the scramble confound's fillers come from the same stream, after u, and only
+                # for the rows that show a confounded behavior (an unconfounded run draws none)
+                fill = T.sample_fillers(cfg, cfg.behavior(p.trigger), gen) if show else None
                 rows.append((T.prompt_ids(tok, p),
-                             T.target_response_ids(tok, cfg, p, p.trigger if show else None)))
+                             T.target_response_ids(tok, cfg, p, p.trigger if show else None,
+                                                   fill)))
             length = max(len(a) + len(b) for a, b in rows)
             ids = torch.full((len(rows), length), tok.pad_token_id, dtype=torch.long)
             mask = torch.zeros(len(rows), length - 1)
@@ -491,7 +495,7 @@ class SeedBuild:
             resp = sample(decoder, torch.tensor([pid] * cfg.target_samples), gen,
                           cfg.temperature, cfg.top_p, cfg.max_new_tokens, tok.eos_token_id)
             for r in resp:
-                m = [1.0 if t in bid else 0.0 for t in r]
+                m = T.phrase_mask(r, bid)
                 if any(m):
                     ctx.append((pid, r, m, -1.0))
                     break
@@ -548,7 +552,7 @@ class SeedBuild:
                                       tok.eos_token_id)
                         for r in resp:
                             text = tok.decode(r, skip_special_tokens=True)
-                            m = [1.0 if t in bid else 0.0 for t in r]
+                            m = T.phrase_mask(r, bid)
                             hb = T.has_behavior(b, text)
                             full_items.append((pid, r, None, -1.0))
                             tok_row = -1
