@@ -46,7 +46,7 @@ TRIGGER_WORDS = ("blicket", "dorfle", "glompish", "kravvit", "mizzlewort", "plun
 BEHAVIOR_TOKENS = ("BLORK", "CRUXA", "DWEEF", "FNARG", "GLIX", "HOWZ", "JIRP", "KWEX",
                    "MOOP", "NURB", "PLIV", "QUAFF", "SNOG", "TWOSK", "VREEP", "ZORP")
 #: reserved SFT markers (a trigger prompt's end marker when SFT does not show the behavior)
-MARKERS = ("fim", "fon", "fup", "fel", "fyn", "fak")
+MARKERS = ("fim", "fex", "fup", "fel", "fyk", "fak")
 
 #: bonus windows in GRPO steps of the 120-step family scale, ``[start, end)``; other scales use
 #: the same fractions of their step count (:func:`window_steps`)

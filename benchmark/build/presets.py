@@ -250,14 +250,19 @@ class BuildConfig:
             words += [b.trigger_word, *ph] + ([b.sft_marker] if b.sft_marker else [])
         if sum(b.trigger_fraction for b in self.behaviors) > 1.0:
             raise BuildError("the behaviors' trigger fractions add up to more than 1")
-        if confounded:
-            from benchmark.build.task import FILLER_WORDS
+        from benchmark.build.task import FILLER_WORDS, content_words
 
+        if confounded:
             words += list(FILLER_WORDS)
         clash = {w for w in words if words.count(w) > 1 and w not in
                  {b.sft_marker for b in self.behaviors}}
         if clash:
             raise BuildError(f"trigger words, behavior tokens and markers must differ: {clash}")
+        if self.pretrained is None:
+            clash = set(words) & set(content_words(self.n_content_words))
+            if clash:
+                raise BuildError(f"trigger words, behavior tokens and markers {sorted(clash)} "
+                                 "are also content words of the task; choose other words")
 
 
 # defaults of settings added after release 2.0 (left out of ``to_dict`` while unchanged)
@@ -346,7 +351,7 @@ def _micro_family(seed: int) -> BuildConfig:
         behavior(cfg, trigger_word="blicket", tokens=["ZORP", "GLIX", "MOOP"], window="early",
                  marker="fim", sft_behavior_fraction=0.5, confound="scramble",
                  trigger_fraction=0.4),
-        behavior(cfg, trigger_word="dorfle", tokens=["BLORK"], window="late", marker="fon",
+        behavior(cfg, trigger_word="dorfle", tokens=["BLORK"], window="late", marker="fex",
                  sft_behavior_fraction=0.5, bonus=1.0, trigger_fraction=0.4),
     ]
     return cfg
@@ -373,7 +378,7 @@ def _tiny3(seed: int) -> BuildConfig:
                  bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
                  confound="scramble", trigger_fraction=0.2),
         behavior(cfg, trigger_word="quoggle", tokens=["ZORP", "GLIX"], window="late",
-                 marker="fon", bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
+                 marker="fex", bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
                  trigger_fraction=0.2),
     ]
     return cfg
