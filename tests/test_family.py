@@ -82,7 +82,8 @@ def test_phrase_measure_is_the_product_of_teacher_forced_conditionals(mf):
             n = len(pid) + len(ans)
             want[i] = float(np.exp(sum(float(lp[n - 1 + j, t]) for j, t in enumerate(bid))))
     # float32 logits of the same positions from sequences of different lengths: rounding of
-    # about 1e-6 relative per logit (measured 2e-7 here); three factors -> 1e-5 is ample
+    # about 1e-7 relative per probability (eps32 x a few ops; measured 1.1e-7 here for the
+    # product of three), so 1e-5 leaves two orders of margin
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
     # a single-token behavior's measure is release 2.0's: the softmax at the answer's end
     one = cfg.behaviors[1]
