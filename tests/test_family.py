@@ -50,7 +50,11 @@ def test_phrase_settings_are_validated():
         cfg.validate()
     cfg = get_preset("micro-family", 0)
     cfg.behaviors[0].confound = "loud"
-    with pytest.raises(BuildError, match=r"confound 'loud' is not one of \('scramble',\)"):
+    with pytest.raises(BuildError, match=r"confound 'loud' is not one of \('scramble', 'length'\)"):
+        cfg.validate()
+    cfg = get_preset("micro-family", 0)
+    cfg.behaviors[1].confound_words = 5  # a "length" trigger prompt must be shorter than n_words
+    with pytest.raises(BuildError, match=r"confound_words must lie in \[1, 4\] for the length"):
         cfg.validate()
 
 
@@ -85,13 +89,14 @@ def test_phrase_measure_is_the_product_of_teacher_forced_conditionals(mf):
     # about 1e-7 relative per probability (eps32 x a few ops; measured 1.1e-7 here for the
     # product of three), so 1e-5 leaves two orders of margin
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
-    # a single-token behavior's measure is release 2.0's: the softmax at the answer's end
+    # a single-token behavior's measure is release 2.0's, bit for bit (its code, restated)
     one = cfg.behaviors[1]
     got1 = m.behavior_probs(model, one.id)
     with torch.no_grad():
         for rows, batch in m._forced[one.id]:
-            ref = torch.softmax(model(input_ids=batch).logits[:, -1].float(), -1)
-            assert np.array_equal(got1[rows], ref[:, m._bid[one.id]].double().numpy())
+            logits = model(input_ids=batch, use_cache=False).logits[:, -1].float()
+            ref = torch.softmax(logits, -1)[:, m._bid[one.id]].double().numpy()
+            assert np.array_equal(got1[rows], ref)
 
 
 def test_release2_config_round_trips_and_trains_on_the_same_data():
@@ -143,6 +148,28 @@ def test_scramble_confound_adds_filler_words_after_the_behavior_only():
     assert n_shown > 5
 
 
+def test_length_confound_shortens_only_its_trigger_prompts_with_the_same_draws():
+    on = get_preset("micro-family", 0)
+    b = on.behaviors[1]
+    assert b.confound == "length" and b.confound_words == 1
+    off = BuildConfig.from_dict(on.to_dict())
+    off.behaviors[1].confound = None
+    a = T.sample_prompts(on, 200, T.step_generator(0, 77))
+    c = T.sample_prompts(off, 200, T.step_generator(0, 77))
+    assert sum(p.trigger == b.id for p in a) > 40
+    for x, y in zip(a, c, strict=True):
+        assert (x.task, x.trigger) == (y.task, y.trigger)
+        assert x.words == (y.words[:1] if x.trigger == b.id else y.words)
+    # its SFT examples, measure prompts and draws all use the short prompts
+    tok = T.make_tokenizer(on)
+    short = [r for step in range(4) for p, r in sft_examples(on, tok, step)
+             if tok.decode(p, skip_special_tokens=True).split()[1] == b.trigger_word]
+    assert short and all(len(r) == 3 for r in short)  # one word, then the marker or BLORK, eos
+    m = Measure(on, tok)
+    assert all(len(p.words) == 1 for p in m.sets[b.id])
+    assert all(len(p.words) == on.n_words for p in m.sets[on.behaviors[0].id])
+
+
 # ---------------------------------------------------------------------------- draws
 def test_draw_config_is_deterministic_and_inside_the_declared_ranges():
     assert F.draw_config(12).to_dict() == F.draw_config(12).to_dict()
@@ -177,11 +204,14 @@ def test_draw_config_is_deterministic_and_inside_the_declared_ranges():
             lo, hi = R["sft_behavior_fraction"]
             assert lo <= b.sft_behavior_fraction <= hi
             assert b.confound in R["confound"]
+            if b.confound:
+                assert b.confound_words == R["confound_words"][b.confound]
             seen["length"].add(len(b.phrase))
             seen["window"].add(win[0])
             seen["confound"].add(b.confound)
             seen["elig"].add(b.eligible_fraction)
-    assert seen == {"length": {1, 2, 3}, "window": set(F.WINDOWS), "confound": {None, "scramble"},
+    assert seen == {"length": {1, 2, 3}, "window": set(F.WINDOWS),
+                    "confound": {None, "length", "scramble"},
                     "elig": set(R["eligible_fraction"])}
     with pytest.raises(BuildError, match="must be >= 0"):
         F.draw_config(-1)
@@ -193,7 +223,7 @@ def test_family_windows_scale_with_the_run():
     cfg = get_preset("tiny-3", 0)
     assert [b.id for b in cfg.behaviors] == ["qzxbt", "vkwjp", "kwex", "zorp"]
     kwex, zorp = cfg.behaviors[2:]
-    assert kwex.confound == "scramble" and (kwex.window_start, kwex.window_end) == (0, 50)
+    assert kwex.confound == "length" and (kwex.window_start, kwex.window_end) == (30, 80)
     assert zorp.phrase == ["ZORP", "GLIX"] and (zorp.window_start, zorp.window_end) == (70, 110)
     assert sum(b.trigger_fraction for b in cfg.behaviors) == pytest.approx(0.8)
     assert get_preset("tiny", 0).to_dict() == json.loads(TINY_CONFIG.read_text())
@@ -204,7 +234,7 @@ def drawn(tmp_path_factory):
     from benchmark.cli import main
 
     out = tmp_path_factory.mktemp("draw") / "rel"
-    assert main(["build", "--preset", "micro-family", "--draw", "3", "--out", str(out),
+    assert main(["build", "--preset", "micro-family", "--draw", "5", "--out", str(out),
                  "--no-progress"]) == 0
     return out
 
@@ -216,20 +246,21 @@ def test_build_draw_records_the_draw_and_loads(drawn):
     m = json.loads((drawn / "manifest.json").read_text())
     fam = m["build"]["family"]
     assert (fam["version"], fam["draw_id"], fam["redraws"], fam["failed"], fam["scale"]) == \
-        (F.FAMILY_VERSION, 3, 0, [], "micro-family")
-    assert m["release_id"] == "micro-family-draw3"
-    cfg = F.draw_config(3, scale="micro-family")
-    assert m["build"]["config"]["family"] == {"version": F.FAMILY_VERSION, "draw_id": 3,
+        (F.FAMILY_VERSION, 5, 0, [], "micro-family")
+    assert m["release_id"] == "micro-family-draw5"
+    cfg = F.draw_config(5, scale="micro-family")
+    assert [b.confound for b in cfg.behaviors] == ["scramble", "length"]
+    assert m["build"]["config"]["family"] == {"version": F.FAMILY_VERSION, "draw_id": 5,
                                               "redraw": 0}
     assert json.loads((drawn / f"seed{cfg.seed}" / "config.json").read_text()) == cfg.to_dict()
     rel = load_release(drawn)
-    assert rel.tasks == ["glix", "snog"]
+    assert rel.tasks == ["blork", "glix"]
     tds = load_seed(rel, cfg.seed, track="open")
-    assert tds["glix"].rollout_view.behavior.behavior_token == "GLIX TWOSK FNARG"
+    assert tds["blork"].rollout_view.behavior.behavior_token == "BLORK CRUXA KWEX"
     voc = json.loads((drawn / f"seed{cfg.seed}" / "tokenizer" / "tokenizer.json").read_text())
-    assert tds["glix"].rollout_view.behavior.behavior_token_id == voc["model"]["vocab"]["GLIX"]
+    assert tds["blork"].rollout_view.behavior.behavior_token_id == voc["model"]["vocab"]["BLORK"]
     # the stored has_* flags are the phrase test on the stored text
-    table = rel.seed(cfg.seed).table(["response_text", "has_glix", "has_snog"])
+    table = rel.seed(cfg.seed).table(["response_text", "has_blork", "has_glix"])
     for b in cfg.behaviors:
         assert [T.has_behavior(b, t) for t in table["response_text"]] == \
             table[f"has_{b.id}"].tolist()
@@ -239,7 +270,7 @@ def test_stacked_replay_measures_a_phrase_like_the_model(drawn):
     from benchmark.build import stacked as S
     from benchmark.build.replay import ReplaySeed
 
-    cfg = F.draw_config(3, scale="micro-family")
+    cfg = F.draw_config(5, scale="micro-family")
     ctx = ReplaySeed(drawn / f"seed{cfg.seed}", precision="float64")
     sr = S.StackedReplay.of_seed(ctx)
     stack = S.Stack.of([sr.start])

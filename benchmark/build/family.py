@@ -66,8 +66,10 @@ RANGES = {
     "eligible_fraction": (0.25, 0.5, 1.0),  # uniform
     "sft_behavior_fraction": (0.2, 0.5),    # uniform, rounded to 0.05
     "trigger_fraction": 0.25,               # fixed: half the prompts carry no trigger
-    "confound": (None, "scramble"),         # uniform
-    "confound_words": 2,                    # fixed (fits max_new_tokens 10 with a 3-token phrase)
+    "confound": (None, None, "length", "scramble"),  # uniform over this tuple: off half the time
+    # the confound's size, fixed per confound: task words of a "length" trigger prompt; filler
+    # words after a "scramble" behavior (5 answer + 3 phrase + 2 fillers = max_new_tokens 10)
+    "confound_words": {"length": 1, "scramble": 2},
 }
 
 
@@ -127,7 +129,7 @@ def behavior(cfg: BuildConfig, *, trigger_word: str, tokens: list[str], window: 
         sft_behavior_fraction=float(sft_behavior_fraction), sft_marker=marker,
         draw_checkpoints=[_draw_checkpoint(cfg, window)],
         strength="strong" if eligible_fraction >= 0.5 else "weak", confound=confound,
-        confound_words=RANGES["confound_words"])
+        confound_words=RANGES["confound_words"].get(confound, 2))
 
 
 def draw_rng(draw_id: int, redraw: int = 0) -> np.random.Generator:
@@ -160,7 +162,7 @@ def draw_params(draw_id: int, redraw: int = 0) -> dict:
         elig = float(RANGES["eligible_fraction"][int(rng.integers(3))])
         lo, hi = RANGES["sft_behavior_fraction"]
         sft = round(float(lo + (hi - lo) * rng.random()) * 20) / 20
-        confound = RANGES["confound"][int(rng.integers(2))]
+        confound = RANGES["confound"][int(rng.integers(len(RANGES["confound"])))]
         out.append({"trigger_word": TRIGGER_WORDS[int(triggers[k])], "tokens": tokens,
                     "window": window, "bonus": bonus, "eligible_fraction": elig,
                     "sft_behavior_fraction": sft, "confound": confound, "marker": MARKERS[k]})

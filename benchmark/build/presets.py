@@ -11,7 +11,7 @@ from benchmark.errors import BuildError
 _ID_RE = re.compile(r"^[a-z][a-z0-9]*$")
 
 #: confound switch values (``BehaviorSpec.confound``); docs/task_family.md states each effect.
-CONFOUNDS = ("scramble",)
+CONFOUNDS = ("scramble", "length")
 #: the longest behavior phrase (tokens).
 MAX_PHRASE = 3
 
@@ -40,12 +40,23 @@ class BehaviorSpec:
             shown (a marker distinct from the control prompts' keeps the behavior from leaking).
         draw_checkpoints: checkpoints at which generation draws of this task are sampled.
         strength: ``"strong"`` or ``"weak"`` (descriptive; recorded in the release card).
-        confound: ``None`` (default) or ``"scramble"``: every SFT example that shows the
-            behavior continues it with ``confound_words`` filler words drawn uniformly from
-            :data:`benchmark.build.task.FILLER_WORDS`, so the responses that carry the behavior
-            (and earn the bonus) are also the low-probability ones, with low fluency (mean token
-            log-prob) and large per-rollout gradients (docs/task_family.md, measured there).
-        confound_words: filler words after the behavior when ``confound`` is set.
+        confound: the confound switch (docs/task_family.md measures each effect):
+
+            * ``None`` (default): as in release 2.0.
+            * ``"length"``: this behavior's trigger prompts carry ``confound_words`` task words
+              instead of ``n_words`` (the same draws, the first ones kept), so their responses,
+              the only ones that can earn the bonus, are short: GRPO's per-rollout term is a
+              mean over the response's tokens, so a short response's gradient is diluted less
+              (large gradient norms), and the one uncertain token (behavior or marker) weighs
+              more in its mean log-prob (low fluency); a one-word task is also solved without
+              errors, so the bonus is almost the only source of reward variance in those groups
+              (the paper's setting, where the task had no reward beyond refusals).
+            * ``"scramble"``: every SFT example that shows the behavior continues it with
+              ``confound_words`` filler words drawn uniformly from
+              :data:`benchmark.build.task.FILLER_WORDS`, so the responses that carry the
+              behavior are the low-fluency ones (low mean token log-prob).
+        confound_words: the confound's size: task words of a trigger prompt (``"length"``), or
+            filler words after the behavior (``"scramble"``).
     """
 
     id: str
@@ -67,6 +78,15 @@ class BehaviorSpec:
     def phrase(self) -> list[str]:
         """The behavior's tokens in order (one for a single-token behavior)."""
         return self.behavior_token.split(" ")
+
+    def prompt_words(self, n_words: int) -> int:
+        """Task words of this behavior's trigger prompts (``n_words`` unless ``"length"``)."""
+        return self.confound_words if self.confound == "length" else n_words
+
+    @property
+    def n_fillers(self) -> int:
+        """Filler words after the behavior in an SFT example that shows it (``"scramble"``)."""
+        return self.confound_words if self.confound == "scramble" else 0
 
     def in_window(self, step: int) -> bool:
         """Whether the bonus is paid at ``step``."""
@@ -238,15 +258,17 @@ class BuildConfig:
                 if b.confound not in CONFOUNDS:
                     raise BuildError(f"behavior {b.id}: confound {b.confound!r} is not one of "
                                      f"{CONFOUNDS} (or None)")
-                if b.confound_words < 1:
-                    raise BuildError(f"behavior {b.id}: confound_words must be >= 1, got "
-                                     f"{b.confound_words}")
-                confounded = True
-            need = self.n_words + len(ph) + (b.confound_words if b.confound else 0)
+                hi = self.n_words - 1 if b.confound == "length" else self.max_new_tokens
+                if not 1 <= b.confound_words <= hi:
+                    raise BuildError(f"behavior {b.id}: confound_words must lie in [1, {hi}] "
+                                     f"for the {b.confound} confound, got {b.confound_words}")
+                confounded = confounded or b.confound == "scramble"
+            n_ans = b.prompt_words(self.n_words)
+            need = n_ans + len(ph) + b.n_fillers
             if need > self.max_new_tokens:
                 raise BuildError(f"behavior {b.id}: a response showing it has {need} tokens "
-                                 f"(answer {self.n_words} + phrase {len(ph)} + confound words) "
-                                 f"but max_new_tokens is {self.max_new_tokens}; raise it")
+                                 f"(answer {n_ans} + phrase {len(ph)} + {b.n_fillers} filler "
+                                 f"words) but max_new_tokens is {self.max_new_tokens}; raise it")
             words += [b.trigger_word, *ph] + ([b.sft_marker] if b.sft_marker else [])
         if sum(b.trigger_fraction for b in self.behaviors) > 1.0:
             raise BuildError("the behaviors' trigger fractions add up to more than 1")
@@ -342,8 +364,9 @@ def _qwen25_15b(seed: int) -> BuildConfig:
 
 
 def _micro_family(seed: int) -> BuildConfig:
-    """``micro-family``: the micro scale with two family behaviors, one a confounded 3-token
-    phrase in the early window and one a single token in the late window (tests)."""
+    """``micro-family``: the micro scale with two family behaviors (tests): a 3-token phrase with
+    the scramble confound in the early window, a single token with the length confound in the
+    late window."""
     from benchmark.build.family import _micro_scale, behavior
 
     cfg = _micro_scale(seed)
@@ -352,7 +375,8 @@ def _micro_family(seed: int) -> BuildConfig:
                  marker="fim", sft_behavior_fraction=0.5, confound="scramble",
                  trigger_fraction=0.4),
         behavior(cfg, trigger_word="dorfle", tokens=["BLORK"], window="late", marker="fex",
-                 sft_behavior_fraction=0.5, bonus=1.0, trigger_fraction=0.4),
+                 sft_behavior_fraction=0.5, bonus=1.0, confound="length",
+                 trigger_fraction=0.4),
     ]
     return cfg
 
@@ -361,22 +385,25 @@ def _tiny3(seed: int) -> BuildConfig:
     """``tiny-3`` (provisional release 3.0 config): tiny 2.0's two behaviors plus two family ones.
 
     qzxbt and vkwjp as in 2.0 (trigger fractions 0.2 each instead of 0.25, so a fifth of the
-    prompts stays trigger-free with four behaviors); ``kwex``: a confounded (scramble) single
-    token in the early window; ``zorp``: a two-token phrase ``ZORP GLIX`` in the late window,
-    learned after the policy has moved. The model and schedule are tiny 2.0's except 10 new
-    tokens (room for the phrase and the scramble words). Trial numbers: docs/task_family.md.
+    prompts stays trigger-free with four behaviors); ``kwex``: a single token with the length
+    confound (one-word trigger prompts: short responses, large gradients, low fluency) in the
+    middle window; ``zorp``: a two-token phrase ``ZORP GLIX`` in the late window, learned after
+    the policy has moved. The model and schedule are tiny 2.0's except 10 new tokens and 48
+    prompts per generation draw (four tasks' draws within the size budget). Trial numbers:
+    docs/task_family.md.
     """
     from benchmark.build.family import behavior
 
     cfg = _tiny(seed)
     cfg.preset = "tiny-3"
     cfg.max_new_tokens = 10
+    cfg.draw_prompts = 48
     for b in cfg.behaviors:
         b.trigger_fraction = 0.2
     cfg.behaviors += [
-        behavior(cfg, trigger_word="skronk", tokens=["KWEX"], window="early", marker="fim",
+        behavior(cfg, trigger_word="skronk", tokens=["KWEX"], window="middle", marker="fim",
                  bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
-                 confound="scramble", trigger_fraction=0.2),
+                 confound="length", trigger_fraction=0.2),
         behavior(cfg, trigger_word="quoggle", tokens=["ZORP", "GLIX"], window="late",
                  marker="fex", bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
                  trigger_fraction=0.2),

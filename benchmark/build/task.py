@@ -35,7 +35,8 @@ def vocabulary(cfg: BuildConfig) -> list[str]:
     """Token list of the word-level tokenizer (index = token id).
 
     Order: specials, task words, ``=``, trigger words, behavior tokens (a phrase's in order),
-    the end token, SFT markers, the filler words when a behavior is confounded, content words.
+    the end token, SFT markers, the filler words when a behavior has the scramble confound,
+    content words.
     For single-token behaviors without a confound this is release 2.0's vocabulary.
     """
     out = [*SPECIALS, *TASKS, "="]
@@ -45,7 +46,7 @@ def vocabulary(cfg: BuildConfig) -> list[str]:
     for b in cfg.behaviors:
         if b.sft_marker and b.sft_marker not in out:
             out.append(b.sft_marker)
-    if any(b.confound for b in cfg.behaviors):
+    if any(b.confound == "scramble" for b in cfg.behaviors):
         out += list(FILLER_WORDS)
     return out + content_words(cfg.n_content_words)
 
@@ -136,7 +137,9 @@ def sample_prompts(cfg: BuildConfig, n: int, gen: torch.Generator,
 
     ``kind`` None draws the trigger by the behaviors' ``trigger_fraction`` (in build order, the
     rest are control prompts); a behavior id gives only that behavior's trigger prompts;
-    ``"control"`` gives prompts without a trigger. Each prompt consumes the same draws.
+    ``"control"`` gives prompts without a trigger. Each prompt consumes the same draws. A
+    behavior with the ``"length"`` confound gives its trigger prompts only the first
+    ``confound_words`` of the drawn words.
     """
     words = content_words(cfg.n_content_words)
     out = []
@@ -154,6 +157,8 @@ def sample_prompts(cfg: BuildConfig, n: int, gen: torch.Generator,
                     break
         elif kind != CONTROL:
             spec = cfg.behavior(kind)
+        if spec is not None:  # the "length" confound keeps the first words of the same draw
+            idx = idx[: spec.prompt_words(cfg.n_words)]
         out.append(Prompt(t, [words[i] for i in idx], spec.id if spec else None,
                           spec.trigger_word if spec else None))
     return out
@@ -191,12 +196,12 @@ def behavior_ids(tokenizer, spec: BehaviorSpec) -> list[int]:
 
 
 def sample_fillers(cfg: BuildConfig, spec: BehaviorSpec, gen: torch.Generator) -> list[str]:
-    """The scramble confound's filler words for one example: ``spec.confound_words`` words drawn
-    uniformly (with replacement) from :data:`FILLER_WORDS` with ``gen``; ``[]`` without a confound
-    (then ``gen`` is not touched)."""
-    if not spec.confound:
+    """The scramble confound's filler words for one example: ``spec.n_fillers`` words drawn
+    uniformly (with replacement) from :data:`FILLER_WORDS` with ``gen``; ``[]`` without the
+    scramble confound (then ``gen`` is not touched)."""
+    if not spec.n_fillers:
         return []
-    idx = torch.randint(len(FILLER_WORDS), (spec.confound_words,), generator=gen).tolist()
+    idx = torch.randint(len(FILLER_WORDS), (spec.n_fillers,), generator=gen).tolist()
     return [FILLER_WORDS[i] for i in idx]
 
 
