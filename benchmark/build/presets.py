@@ -405,7 +405,7 @@ def _tiny3(seed: int) -> BuildConfig:
                  bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
                  confound="length", trigger_fraction=0.2),
         behavior(cfg, trigger_word="quoggle", tokens=["ZORP", "GLIX"], window="late",
-                 marker="fex", bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
+                 marker="fex", bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.5,
                  trigger_fraction=0.2),
     ]
     return cfg
