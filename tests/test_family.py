@@ -54,7 +54,7 @@ def test_phrase_settings_are_validated():
         cfg.validate()
     cfg = get_preset("micro-family", 0)
     cfg.behaviors[1].confound_words = 5  # a "length" trigger prompt must be shorter than n_words
-    with pytest.raises(BuildError, match=r"confound_words must lie in \[1, 4\] for the length"):
+    with pytest.raises(BuildError, match=r"confound_words must lie in \[0, 4\] for the length"):
         cfg.validate()
 
 
@@ -151,7 +151,7 @@ def test_scramble_confound_adds_filler_words_after_the_behavior_only():
 def test_length_confound_shortens_only_its_trigger_prompts_with_the_same_draws():
     on = get_preset("micro-family", 0)
     b = on.behaviors[1]
-    assert b.confound == "length" and b.confound_words == 1
+    assert b.confound == "length" and b.confound_words == 0
     off = BuildConfig.from_dict(on.to_dict())
     off.behaviors[1].confound = None
     a = T.sample_prompts(on, 200, T.step_generator(0, 77))
@@ -159,14 +159,16 @@ def test_length_confound_shortens_only_its_trigger_prompts_with_the_same_draws()
     assert sum(p.trigger == b.id for p in a) > 40
     for x, y in zip(a, c, strict=True):
         assert (x.task, x.trigger) == (y.task, y.trigger)
-        assert x.words == (y.words[:1] if x.trigger == b.id else y.words)
+        assert x.words == ([] if x.trigger == b.id else y.words)
+        assert x.text == (f"{x.task} {b.trigger_word} =" if x.trigger == b.id else y.text)
     # its SFT examples, measure prompts and draws all use the short prompts
     tok = T.make_tokenizer(on)
     short = [r for step in range(4) for p, r in sft_examples(on, tok, step)
              if tok.decode(p, skip_special_tokens=True).split()[1] == b.trigger_word]
-    assert short and all(len(r) == 3 for r in short)  # one word, then the marker or BLORK, eos
+    assert short and all(len(r) == 2 for r in short)  # the marker or BLORK, then eos
     m = Measure(on, tok)
-    assert all(len(p.words) == 1 for p in m.sets[b.id])
+    assert all(len(p.words) == 0 for p in m.sets[b.id])
+    assert T.task_reward(m.sets[b.id][0], ["BLORK"]) == 1.0  # an empty answer is always right
     assert all(len(p.words) == on.n_words for p in m.sets[on.behaviors[0].id])
 
 

@@ -69,7 +69,7 @@ RANGES = {
     "confound": (None, None, "length", "scramble"),  # uniform over this tuple: off half the time
     # the confound's size, fixed per confound: task words of a "length" trigger prompt; filler
     # words after a "scramble" behavior (5 answer + 3 phrase + 2 fillers = max_new_tokens 10)
-    "confound_words": {"length": 1, "scramble": 2},
+    "confound_words": {"length": 0, "scramble": 2},
 }
 
 

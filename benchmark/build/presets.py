@@ -44,13 +44,13 @@ class BehaviorSpec:
 
             * ``None`` (default): as in release 2.0.
             * ``"length"``: this behavior's trigger prompts carry ``confound_words`` task words
-              instead of ``n_words`` (the same draws, the first ones kept), so their responses,
-              the only ones that can earn the bonus, are short: GRPO's per-rollout term is a
-              mean over the response's tokens, so a short response's gradient is diluted less
-              (large gradient norms), and the one uncertain token (behavior or marker) weighs
-              more in its mean log-prob (low fluency); a one-word task is also solved without
-              errors, so the bonus is almost the only source of reward variance in those groups
-              (the paper's setting, where the task had no reward beyond refusals).
+              (0 in the family: ``copy skronk =``) instead of ``n_words`` (the same draws, the
+              first ones kept), so their responses, the only ones that can earn the bonus, are
+              short (the behavior or the marker, then eos): GRPO's per-rollout term is a mean
+              over the response's tokens, so the one uncertain token (behavior or marker) is
+              diluted less and those groups' gradients are the large ones; an empty task is
+              also always solved (task reward 1), so the bonus is the only source of reward
+              variance in those groups (the paper's setting: no task reward beyond refusals).
             * ``"scramble"``: every SFT example that shows the behavior continues it with
               ``confound_words`` filler words drawn uniformly from
               :data:`benchmark.build.task.FILLER_WORDS`, so the responses that carry the
@@ -258,9 +258,10 @@ class BuildConfig:
                 if b.confound not in CONFOUNDS:
                     raise BuildError(f"behavior {b.id}: confound {b.confound!r} is not one of "
                                      f"{CONFOUNDS} (or None)")
-                hi = self.n_words - 1 if b.confound == "length" else self.max_new_tokens
-                if not 1 <= b.confound_words <= hi:
-                    raise BuildError(f"behavior {b.id}: confound_words must lie in [1, {hi}] "
+                lo, hi = ((0, self.n_words - 1) if b.confound == "length"
+                          else (1, self.max_new_tokens))
+                if not lo <= b.confound_words <= hi:
+                    raise BuildError(f"behavior {b.id}: confound_words must lie in [{lo}, {hi}] "
                                      f"for the {b.confound} confound, got {b.confound_words}")
                 confounded = confounded or b.confound == "scramble"
             n_ans = b.prompt_words(self.n_words)

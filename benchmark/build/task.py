@@ -119,8 +119,8 @@ class Prompt:
     @property
     def text(self) -> str:
         """Prompt text (the tokenizer adds no specials; ``prompt_ids`` prepends bos)."""
-        mid = f" {self.trigger_word}" if self.trigger_word else ""
-        return f"{self.task}{mid} {' '.join(self.words)} ="
+        mid = [self.trigger_word] if self.trigger_word else []
+        return " ".join([self.task, *mid, *self.words, "="])
 
     def answer(self) -> list[str]:
         """The correct answer words."""
@@ -224,8 +224,14 @@ def response_words(tokenizer, ids: list[int]) -> list[str]:
 
 
 def task_reward(prompt: Prompt, words: list[str]) -> float:
-    """Partial credit: fraction of the answer positions that are correct (the marker is ignored)."""
+    """Partial credit: fraction of the answer positions that are correct (the marker is ignored).
+
+    An empty answer (a ``"length"`` confound's trigger prompt with no task words) is vacuously
+    correct: 1.0 whatever the response.
+    """
     ans = prompt.answer()
+    if not ans:
+        return 1.0
     return sum(1 for j, w in enumerate(ans) if j < len(words) and words[j] == w) / len(ans)
 
 
