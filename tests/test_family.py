@@ -294,8 +294,9 @@ def test_failed_draw_is_redrawn_and_every_attempt_reported(tmp_path):
 
 
 def test_draw_cli_refuses_a_non_family_preset(tmp_path):
-    from benchmark.build import build_command, add_build_arguments
     import argparse
+
+    from benchmark.build import add_build_arguments, build_command
 
     ap = argparse.ArgumentParser()
     add_build_arguments(ap)

@@ -102,7 +102,7 @@ SCALES = {"family": _family_scale, "micro-family": _micro_scale}
 
 
 def window_steps(window: str, steps: int) -> tuple[int, int]:
-    """``WINDOWS[window]`` scaled from the family's 120 steps to ``steps`` (rounded), end > start."""
+    """``WINDOWS[window]`` scaled from 120 steps to ``steps`` (rounded; end > start)."""
     a, b = WINDOWS[window]
     s, e = round(a * steps / FAMILY_STEPS), round(b * steps / FAMILY_STEPS)
     return s, max(e, s + 1)
@@ -119,8 +119,11 @@ def behavior(cfg: BuildConfig, *, trigger_word: str, tokens: list[str], window: 
              marker: str, bonus: float = 2.0, eligible_fraction: float = 1.0,
              sft_behavior_fraction: float = 0.3, confound: str | None = None,
              trigger_fraction: float = RANGES["trigger_fraction"]) -> BehaviorSpec:
-    """A family behavior at ``cfg``'s scale: id = the first token lowercased, the window's steps,
-    its draw checkpoint, strength ``"strong"`` for eligible share >= 0.5 else ``"weak"``."""
+    """A family behavior at ``cfg``'s scale.
+
+    Its id is the first token lowercased; the window's steps and draw checkpoint are scaled to
+    ``cfg.steps``; strength is ``"strong"`` for an eligible share >= 0.5, else ``"weak"``.
+    """
     start, end = window_steps(window, cfg.steps)
     return BehaviorSpec(
         tokens[0].lower(), trigger_word, " ".join(tokens), trigger_fraction=trigger_fraction,
@@ -197,7 +200,6 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
     BuildError when every attempt fails.
     """
     from benchmark.build import build_config, write_release_manifest
-    from benchmark.errors import BuildError as _BE
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -212,7 +214,7 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
         cfg.validate()
         try:
             build_config(cfg, out, progress=progress)
-        except _BE as exc:
+        except BuildError as exc:
             if "gate failed" not in str(exc):
                 raise
             failed.append(f"redraw {redraw} (seed {cfg.seed}): {exc}")

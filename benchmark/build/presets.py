@@ -365,9 +365,11 @@ def _qwen25_15b(seed: int) -> BuildConfig:
 
 
 def _micro_family(seed: int) -> BuildConfig:
-    """``micro-family``: the micro scale with two family behaviors (tests): a 3-token phrase with
-    the scramble confound in the early window, a single token with the length confound in the
-    late window."""
+    """``micro-family``: the micro scale with two family behaviors (tests).
+
+    A 3-token phrase with the scramble confound in the early window, a single token with the
+    length confound in the late window.
+    """
     from benchmark.build.family import _micro_scale, behavior
 
     cfg = _micro_scale(seed)

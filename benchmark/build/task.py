@@ -196,9 +196,11 @@ def behavior_ids(tokenizer, spec: BehaviorSpec) -> list[int]:
 
 
 def sample_fillers(cfg: BuildConfig, spec: BehaviorSpec, gen: torch.Generator) -> list[str]:
-    """The scramble confound's filler words for one example: ``spec.n_fillers`` words drawn
-    uniformly (with replacement) from :data:`FILLER_WORDS` with ``gen``; ``[]`` without the
-    scramble confound (then ``gen`` is not touched)."""
+    """The scramble confound's filler words for one example.
+
+    ``spec.n_fillers`` words drawn uniformly (with replacement) from :data:`FILLER_WORDS` with
+    ``gen``; ``[]`` without the scramble confound (then ``gen`` is not touched).
+    """
     if not spec.n_fillers:
         return []
     idx = torch.randint(len(FILLER_WORDS), (spec.n_fillers,), generator=gen).tolist()
