@@ -302,3 +302,5 @@ def test_draw_cli_refuses_a_non_family_preset(tmp_path):
     add_build_arguments(ap)
     with pytest.raises(BuildError, match="--draw builds at a family scale, not preset 'tiny'"):
         build_command(ap.parse_args(["--preset", "tiny", "--draw", "1", "--out", str(tmp_path)]))
+    with pytest.raises(BuildError, match="'family' is a family scale: build a draw of it"):
+        build_command(ap.parse_args(["--preset", "family", "--out", str(tmp_path)]))
