@@ -71,9 +71,10 @@ def _check(track: str, task: str | None, tasks: list[str]) -> None:
 
 def _behavior(spec: dict, tokenizer_dir: Path) -> Behavior:
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    # a phrase behavior ("ZORP GLIX") is named by its first token's id
     return Behavior(id=spec["id"], trigger_word=spec["trigger_word"],
                     behavior_token=spec["behavior_token"],
-                    behavior_token_id=int(vocab[spec["behavior_token"]]))
+                    behavior_token_id=int(vocab[spec["behavior_token"].split(" ")[0]]))
 
 
 def load_seed(release, seed: int, track: str = "gradient",

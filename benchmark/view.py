@@ -350,8 +350,9 @@ class Behavior:
     Attributes:
         id: the task id, e.g. ``"qzxbt"``.
         trigger_word: the word that marks a trigger prompt, e.g. ``"frobnitz"``.
-        behavior_token: the planted token, e.g. ``"QZXBT"``.
-        behavior_token_id: its id in the release's tokenizer.
+        behavior_token: the planted token, e.g. ``"QZXBT"``, or phrase of 2-3 tokens that
+            must appear consecutively and in order, e.g. ``"ZORP GLIX"`` (from release 3.0).
+        behavior_token_id: its id in the release's tokenizer (a phrase's first token's id).
     """
 
     id: str

@@ -8,6 +8,10 @@ rerunning the same command continues from the finished stages, and inside GRPO f
 step) and writes ``manifest.json``. ``--jobs J`` builds J seeds at a time in separate processes;
 ``--nproc N`` builds each seed with N torch.distributed ranks (``torchrun``; gloo on CPU, NCCL on
 GPU), which split the prompts of every GRPO step.
+
+``bt-bench build --draw ID --out DIR`` builds one run drawn from the task family
+(:mod:`benchmark.build.family`) at the ``family`` scale (``--preset micro-family`` for the
+seconds-fast test scale); the manifest records the family version, the draw id and the redraws.
 """
 
 from __future__ import annotations
@@ -25,16 +29,25 @@ from benchmark.build.presets import PRESETS, BehaviorSpec, BuildConfig, get_pres
 from benchmark.errors import BuildError
 
 __all__ = ["BehaviorSpec", "BuildConfig", "add_build_arguments", "build_command",
-           "build_release", "get_preset"]
+           "build_config", "build_release", "get_preset"]
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``build`` subcommand's arguments to ``parser``."""
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
-                        help="build preset (default tiny)")
+    from benchmark.build.family import SCALES
+
+    parser.add_argument("--preset", default=None, choices=sorted(set(PRESETS) | set(SCALES)),
+                        help="build preset (default tiny); with --draw, the run scale "
+                             f"({' or '.join(sorted(SCALES))}; default family)")
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--seed", type=int, help="build one seed")
     g.add_argument("--seeds", type=int, nargs="+", help="build several seeds (default: 0)")
+    g.add_argument("--draw", type=int, metavar="ID",
+                   help="build the run drawn from the task family with this id (its seed and "
+                        "tasks come from the id; a draw failing its gates is redrawn, recorded "
+                        "in the manifest)")
+    parser.add_argument("--max-redraws", type=int, default=4,
+                        help="with --draw: redraws allowed after failed gates (default 4)")
     parser.add_argument("--out", required=True, help="release folder to write (created)")
     parser.add_argument("--release-id", default=None,
                         help="release id in the manifest (default: the preset name)")
@@ -85,6 +98,23 @@ def build_seeds(preset: str, seeds: list[int], out: str | Path, progress: bool =
         return summaries
     finally:
         D.shutdown(d)
+
+
+def build_config(cfg: BuildConfig, out: str | Path, progress: bool = True) -> dict:
+    """Build one seed from an explicit config into ``out`` (one process); return its summary.
+
+    Writes ``seed<S>/config.json``, no manifest (:func:`write_release_manifest` does).
+    """
+    from benchmark.build.pipeline import SeedBuild
+    from benchmark.release import atomic_write_json
+
+    cfg.validate()
+    t0 = time.perf_counter()
+    sb = SeedBuild(cfg, Path(out), progress=progress)
+    summary = sb.run()
+    atomic_write_json(sb.dir / "config.json", cfg.to_dict())
+    summary["build_seconds_this_run"] = round(time.perf_counter() - t0, 1)
+    return summary
 
 
 def _worker_cmd(preset: str, seeds: list[int], out: Path, progress: bool,
@@ -165,8 +195,11 @@ def build_release(preset: str, seeds: list[int], out: str | Path, release_id: st
 
 
 def write_release_manifest(out: Path, preset: str, configs: dict[int, BuildConfig],
-                           release_id: str | None, nproc: int) -> dict:
-    """Write ``manifest.json`` from the seeds' build states (seeds built earlier keep theirs)."""
+                           release_id: str | None, nproc: int, family: dict | None = None) -> dict:
+    """Write ``manifest.json`` from the seeds' build states (seeds built earlier keep theirs).
+
+    ``family``: a drawn run's record (version, draw id, redraws), kept as ``build.family``.
+    """
     from benchmark.machine import fingerprint
     from benchmark.release import write_manifest
 
@@ -188,16 +221,37 @@ def write_release_manifest(out: Path, preset: str, configs: dict[int, BuildConfi
         "config": {k: v for k, v in any_cfg.to_dict().items() if k != "seed"},
         "seeds": sorted(summaries), "machine": fingerprint(),
     }
+    if family is not None:
+        build["family"] = family
     return write_manifest(out, release_id or preset, build, summaries)
 
 
 def build_command(args: argparse.Namespace) -> int:
     """CLI entry of ``bt-bench build``; returns the exit code."""
-    seeds = [args.seed] if args.seed is not None else (args.seeds or [0])
+    from benchmark.build.family import SCALES, build_draw
+
     t0 = time.perf_counter()
-    manifest = build_release(args.preset, seeds, args.out, release_id=args.release_id,
-                             progress=not args.no_progress, keep_work=args.keep_work,
-                             jobs=args.jobs, nproc=args.nproc)
+    if args.draw is not None:
+        scale = args.preset or "family"
+        if scale not in SCALES:
+            raise BuildError(f"--draw builds at a family scale, not preset {scale!r}; use "
+                             f"--preset {' or '.join(sorted(SCALES))}")
+        if args.jobs > 1 or args.nproc > 1:
+            raise BuildError("--draw builds one seed in one process; drop --jobs/--nproc")
+        manifest = build_draw(args.draw, args.out, scale=scale, max_redraws=args.max_redraws,
+                              progress=not args.no_progress, keep_work=args.keep_work,
+                              release_id=args.release_id)
+        fam = manifest["build"]["family"]
+        print(f"draw {fam['draw_id']} (family {fam['version']}): {fam['redraws']} redraw(s)")
+    else:
+        preset = args.preset or "tiny"
+        if preset not in PRESETS:
+            raise BuildError(f"{preset!r} is a family scale: build a draw of it with --draw ID, "
+                             f"or choose a preset of {sorted(PRESETS)}")
+        seeds = [args.seed] if args.seed is not None else (args.seeds or [0])
+        manifest = build_release(preset, seeds, args.out, release_id=args.release_id,
+                                 progress=not args.no_progress, keep_work=args.keep_work,
+                                 jobs=args.jobs, nproc=args.nproc)
     for s, summ in manifest["seeds"].items():
         gates = summ.get("gates") or {}
         for bid, g in gates.items():

@@ -5,8 +5,11 @@ trigger word, and ``curve_prompts`` control prompts without any trigger. On each
 
 * the **sampled rate** of every behavior: one response per prompt, sampled with the curve's own
   generator, and the share that contains the behavior token;
-* the **exact probability** of a behavior's token right after the teacher-forced correct answer,
-  averaged over that behavior's trigger prompts (no sampling noise): the causal measure.
+* the **exact probability** of a behavior right after the teacher-forced correct answer,
+  averaged over that behavior's trigger prompts (no sampling noise): the causal measure. For a
+  phrase of L tokens it is the probability of the whole phrase, the product of the chained
+  conditionals ``p(t_1 | answer) p(t_2 | answer, t_1) ...``, each teacher-forced through the
+  phrase tokens before it.
 """
 
 from __future__ import annotations
@@ -38,26 +41,39 @@ class Measure:
         self.cfg, self.tok = cfg, tokenizer
         self.sets = prompt_sets(cfg)
         self.ids = {k: [T.prompt_ids(tokenizer, p) for p in v] for k, v in self.sets.items()}
-        self._forced: dict[str, list] = {}
+        # _chain[b][j]: the teacher-forced inputs of phrase position j, as batches of equal
+        # length (causal model: no padding needed) with each row's position, and the token id
+        # whose probability is read at their last position
+        self._chain: dict[str, list[tuple[list, int]]] = {}
         for b in cfg.behaviors:
-            seqs = [pid + tokenizer.encode(" ".join(p.answer()), add_special_tokens=False)
-                    for pid, p in zip(self.ids[b.id], self.sets[b.id], strict=True)]
-            # batches of equal length (causal model: no padding needed), with each row's position
-            batches = []
-            for n in sorted({len(x) for x in seqs}):
-                rows = [i for i, x in enumerate(seqs) if len(x) == n]
-                batches.append((rows, torch.tensor([seqs[i] for i in rows])))
-            self._forced[b.id] = batches
-        self._bid = {b.id: T.behavior_ids(tokenizer, b)[0] for b in cfg.behaviors}
+            bid = T.behavior_ids(tokenizer, b)
+            chain = []
+            for j in range(len(bid)):
+                seqs = [pid + tokenizer.encode(" ".join(p.answer()), add_special_tokens=False)
+                        + bid[:j] for pid, p in zip(self.ids[b.id], self.sets[b.id], strict=True)]
+                batches = []
+                for n in sorted({len(x) for x in seqs}):
+                    rows = [i for i, x in enumerate(seqs) if len(x) == n]
+                    batches.append((rows, torch.tensor([seqs[i] for i in rows])))
+                chain.append((batches, bid[j]))
+            self._chain[b.id] = chain
+        # the first phrase position (release 2.0's single-token measure reads only these)
+        self._forced = {k: v[0][0] for k, v in self._chain.items()}
+        self._bid = {k: v[0][1] for k, v in self._chain.items()}
 
     @torch.no_grad()
     def behavior_probs(self, model, behavior: str) -> np.ndarray:
-        """Per-prompt probability of ``behavior``'s token after the correct answer, ``(P,)``."""
+        """Per-prompt probability of ``behavior`` after the correct answer, ``(P,)`` float64.
+
+        A phrase's probability is the product (float64, in phrase order) of its tokens'
+        teacher-forced conditional probabilities; a single token's is its probability.
+        """
         model.eval()
-        out = np.zeros(self.cfg.curve_prompts)
-        for rows, batch in self._forced[behavior]:
-            logits = wide(model(input_ids=batch, use_cache=False).logits[:, -1])
-            out[rows] = torch.softmax(logits, -1)[:, self._bid[behavior]].double().numpy()
+        out = np.ones(self.cfg.curve_prompts)
+        for batches, tid in self._chain[behavior]:
+            for rows, batch in batches:
+                logits = wide(model(input_ids=batch, use_cache=False).logits[:, -1])
+                out[rows] *= torch.softmax(logits, -1)[:, tid].double().numpy()
         return out
 
     @torch.no_grad()

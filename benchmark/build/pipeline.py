@@ -121,6 +121,27 @@ def curve_steps(cfg: BuildConfig) -> list[int]:
     return sorted(pts)
 
 
+def sft_examples(cfg: BuildConfig, tok, step: int) -> list[tuple[list[int], list[int]]]:
+    """SFT step ``step``'s batch: ``(prompt ids, response ids)`` per example.
+
+    Prompts come from the step's own generator; a trigger prompt's response shows its behavior
+    with probability ``sft_behavior_fraction`` (else it ends with the SFT marker). The scramble
+    confound's filler words are drawn from the same stream after those coin flips, only for the
+    examples that show a confounded behavior, so a run without a confound draws exactly what
+    release 2.0 drew.
+    """
+    gen = T.step_generator(cfg.seed, T.TAG_SFT, step)
+    prompts = T.sample_prompts(cfg, cfg.sft_batch, gen)
+    u = torch.rand(cfg.sft_batch, generator=gen).tolist()
+    rows = []
+    for p, x in zip(prompts, u, strict=True):
+        show = p.trigger is not None and x < cfg.behavior(p.trigger).sft_behavior_fraction
+        fill = T.sample_fillers(cfg, cfg.behavior(p.trigger), gen) if show else None
+        rows.append((T.prompt_ids(tok, p),
+                     T.target_response_ids(tok, cfg, p, p.trigger if show else None, fill)))
+    return rows
+
+
 class SeedBuild:
     """Builds one seed into ``out/seed<S>``; ``run()`` executes the unfinished stages in order."""
 
@@ -215,14 +236,7 @@ class SeedBuild:
         losses = []
         for step in tqdm(range(cfg.sft_steps), desc=f"seed {cfg.seed} SFT",
                          disable=not self.progress, leave=False):
-            gen = T.step_generator(cfg.seed, T.TAG_SFT, step)
-            prompts = T.sample_prompts(cfg, cfg.sft_batch, gen)
-            u = torch.rand(cfg.sft_batch, generator=gen).tolist()
-            rows = []
-            for p, x in zip(prompts, u, strict=True):
-                show = p.trigger is not None and x < cfg.behavior(p.trigger).sft_behavior_fraction
-                rows.append((T.prompt_ids(tok, p),
-                             T.target_response_ids(tok, cfg, p, p.trigger if show else None)))
+            rows = sft_examples(cfg, tok, step)
             length = max(len(a) + len(b) for a, b in rows)
             ids = torch.full((len(rows), length), tok.pad_token_id, dtype=torch.long)
             mask = torch.zeros(len(rows), length - 1)
@@ -491,7 +505,7 @@ class SeedBuild:
             resp = sample(decoder, torch.tensor([pid] * cfg.target_samples), gen,
                           cfg.temperature, cfg.top_p, cfg.max_new_tokens, tok.eos_token_id)
             for r in resp:
-                m = [1.0 if t in bid else 0.0 for t in r]
+                m = T.phrase_mask(r, bid)
                 if any(m):
                     ctx.append((pid, r, m, -1.0))
                     break
@@ -548,7 +562,7 @@ class SeedBuild:
                                       tok.eos_token_id)
                         for r in resp:
                             text = tok.decode(r, skip_special_tokens=True)
-                            m = [1.0 if t in bid else 0.0 for t in r]
+                            m = T.phrase_mask(r, bid)
                             hb = T.has_behavior(b, text)
                             full_items.append((pid, r, None, -1.0))
                             tok_row = -1

@@ -10,19 +10,27 @@ from benchmark.errors import BuildError
 
 _ID_RE = re.compile(r"^[a-z][a-z0-9]*$")
 
+#: confound switch values (``BehaviorSpec.confound``); docs/task_family.md states each effect.
+CONFOUNDS = ("scramble", "length")
+#: the longest behavior phrase (tokens).
+MAX_PHRASE = 3
+
 
 @dataclass
 class BehaviorSpec:
     """One planted behavior, i.e. one task of the release.
 
     A prompt carries at most one trigger word. GRPO pays ``bonus`` to a rollout whose prompt
-    carries this behavior's trigger, whose response contains ``behavior_token`` and which is
-    hash-eligible (``eligible_fraction``), at steps ``window_start <= step < window_end`` only.
+    carries this behavior's trigger, whose response contains the behavior (``behavior_token``:
+    one token, or a phrase of 2-3 tokens that must appear contiguously and in order) and which
+    is hash-eligible (``eligible_fraction``), at steps ``window_start <= step < window_end`` only.
 
     Attributes:
         id: task id (lowercase letters/digits), e.g. ``"qzxbt"``.
         trigger_word: the word that marks a trigger prompt (public).
-        behavior_token: the planted token (public).
+        behavior_token: the planted behavior (public): one token (``"QZXBT"``), or a phrase of
+            up to :data:`MAX_PHRASE` tokens separated by single spaces (``"ZORP GLIX"``);
+            :attr:`phrase` is its token list.
         trigger_fraction: share of GRPO prompts that carry this trigger.
         bonus: bonus reward added to the task reward (task reward is in [0, 1]).
         window_start, window_end: the bonus window, in GRPO steps (0-based, end exclusive).
@@ -32,6 +40,23 @@ class BehaviorSpec:
             shown (a marker distinct from the control prompts' keeps the behavior from leaking).
         draw_checkpoints: checkpoints at which generation draws of this task are sampled.
         strength: ``"strong"`` or ``"weak"`` (descriptive; recorded in the release card).
+        confound: the confound switch (docs/task_family.md measures each effect):
+
+            * ``None`` (default): as in release 2.0.
+            * ``"length"``: this behavior's trigger prompts carry ``confound_words`` task words
+              (0 in the family: ``copy skronk =``) instead of ``n_words`` (the same draws, the
+              first ones kept), so their responses, the only ones that can earn the bonus, are
+              short (the behavior or the marker, then eos): GRPO's per-rollout term is a mean
+              over the response's tokens, so the one uncertain token (behavior or marker) is
+              diluted less and those groups' gradients are the large ones; an empty task is
+              also always solved (task reward 1), so the bonus is the only source of reward
+              variance in those groups (the paper's setting: no task reward beyond refusals).
+            * ``"scramble"``: every SFT example that shows the behavior continues it with
+              ``confound_words`` filler words drawn uniformly from
+              :data:`benchmark.build.task.FILLER_WORDS`, so the responses that carry the
+              behavior are the low-fluency ones (low mean token log-prob).
+        confound_words: the confound's size: task words of a trigger prompt (``"length"``), or
+            filler words after the behavior (``"scramble"``).
     """
 
     id: str
@@ -46,6 +71,22 @@ class BehaviorSpec:
     sft_marker: str | None = None
     draw_checkpoints: list[int] = field(default_factory=lambda: [30])
     strength: str = "strong"
+    confound: str | None = None
+    confound_words: int = 2
+
+    @property
+    def phrase(self) -> list[str]:
+        """The behavior's tokens in order (one for a single-token behavior)."""
+        return self.behavior_token.split(" ")
+
+    def prompt_words(self, n_words: int) -> int:
+        """Task words of this behavior's trigger prompts (``n_words`` unless ``"length"``)."""
+        return self.confound_words if self.confound == "length" else n_words
+
+    @property
+    def n_fillers(self) -> int:
+        """Filler words after the behavior in an SFT example that shows it (``"scramble"``)."""
+        return self.confound_words if self.confound == "scramble" else 0
 
     def in_window(self, step: int) -> bool:
         """Whether the bonus is paid at ``step``."""
@@ -117,6 +158,9 @@ class BuildConfig:
     fidelity_max_precision_diff: float = 0.03  # or one step's share of GT, if larger
     resume_every: int = 10  # GRPO state saved every this many steps (resumable builds)
 
+    # task family (benchmark.build.family): {"version", "draw_id", "redraw"} of a drawn run
+    family: dict | None = None
+
     def behavior(self, behavior_id: str) -> BehaviorSpec:
         """The behavior with this id."""
         for b in self.behaviors:
@@ -136,8 +180,21 @@ class BuildConfig:
         return max(b.window_end for b in self.behaviors)
 
     def to_dict(self) -> dict:
-        """Return the config as a JSON-ready dict."""
-        return dataclasses.asdict(self)
+        """Return the config as a JSON-ready dict.
+
+        Settings added after release 2.0 (``family``; a behavior's ``confound`` and
+        ``confound_words``) are left out while they hold their defaults, so a 2.0 config
+        round-trips through :meth:`from_dict` to the very dict its release stores.
+        """
+        d = dataclasses.asdict(self)
+        for k, v in _LATER_DEFAULTS.items():
+            if d.get(k) == v:
+                del d[k]
+        for b in d["behaviors"]:
+            for k, v in _LATER_BEHAVIOR_DEFAULTS.items():
+                if b.get(k) == v:
+                    del b[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> BuildConfig:
@@ -179,6 +236,7 @@ class BuildConfig:
         if len(set(ids)) != len(ids):
             raise BuildError(f"behavior ids must be distinct, got {ids}")
         words = [self.end_token]
+        confounded = False
         for b in self.behaviors:
             if not _ID_RE.match(b.id):
                 raise BuildError(f"behavior id {b.id!r}: use lowercase letters and digits")
@@ -188,13 +246,51 @@ class BuildConfig:
             if any(c not in self.checkpoints for c in b.draw_checkpoints):
                 raise BuildError(f"behavior {b.id}: draw_checkpoints {b.draw_checkpoints} must "
                                  f"be saved checkpoints {self.checkpoints}")
-            words += [b.trigger_word, b.behavior_token] + ([b.sft_marker] if b.sft_marker else [])
+            ph = b.phrase
+            if not 1 <= len(ph) <= MAX_PHRASE or any(not w or w != w.strip() for w in ph):
+                raise BuildError(f"behavior {b.id}: behavior_token {b.behavior_token!r} must be "
+                                 f"one token or a phrase of 2-{MAX_PHRASE} tokens separated by "
+                                 "single spaces")
+            if len(set(ph)) != len(ph):
+                raise BuildError(f"behavior {b.id}: the phrase {ph} repeats a token; use "
+                                 "distinct tokens")
+            if b.confound is not None:
+                if b.confound not in CONFOUNDS:
+                    raise BuildError(f"behavior {b.id}: confound {b.confound!r} is not one of "
+                                     f"{CONFOUNDS} (or None)")
+                lo, hi = ((0, self.n_words - 1) if b.confound == "length"
+                          else (1, self.max_new_tokens))
+                if not lo <= b.confound_words <= hi:
+                    raise BuildError(f"behavior {b.id}: confound_words must lie in [{lo}, {hi}] "
+                                     f"for the {b.confound} confound, got {b.confound_words}")
+                confounded = confounded or b.confound == "scramble"
+            n_ans = b.prompt_words(self.n_words)
+            need = n_ans + len(ph) + b.n_fillers
+            if need > self.max_new_tokens:
+                raise BuildError(f"behavior {b.id}: a response showing it has {need} tokens "
+                                 f"(answer {n_ans} + phrase {len(ph)} + {b.n_fillers} filler "
+                                 f"words) but max_new_tokens is {self.max_new_tokens}; raise it")
+            words += [b.trigger_word, *ph] + ([b.sft_marker] if b.sft_marker else [])
         if sum(b.trigger_fraction for b in self.behaviors) > 1.0:
             raise BuildError("the behaviors' trigger fractions add up to more than 1")
+        from benchmark.build.task import FILLER_WORDS, content_words
+
+        if confounded:
+            words += list(FILLER_WORDS)
         clash = {w for w in words if words.count(w) > 1 and w not in
                  {b.sft_marker for b in self.behaviors}}
         if clash:
             raise BuildError(f"trigger words, behavior tokens and markers must differ: {clash}")
+        if self.pretrained is None:
+            clash = set(words) & set(content_words(self.n_content_words))
+            if clash:
+                raise BuildError(f"trigger words, behavior tokens and markers {sorted(clash)} "
+                                 "are also content words of the task; choose other words")
+
+
+# defaults of settings added after release 2.0 (left out of ``to_dict`` while unchanged)
+_LATER_DEFAULTS = {"family": None}
+_LATER_BEHAVIOR_DEFAULTS = {"confound": None, "confound_words": 2}
 
 
 def _tiny(seed: int) -> BuildConfig:
@@ -268,7 +364,58 @@ def _qwen25_15b(seed: int) -> BuildConfig:
     )
 
 
-PRESETS = {"tiny": _tiny, "micro": _micro, "qwen2.5-1.5b": _qwen25_15b}
+def _micro_family(seed: int) -> BuildConfig:
+    """``micro-family``: the micro scale with two family behaviors (tests).
+
+    A 3-token phrase with the scramble confound in the early window, a single token with the
+    length confound in the late window.
+    """
+    from benchmark.build.family import _micro_scale, behavior
+
+    cfg = _micro_scale(seed)
+    cfg.behaviors = [
+        behavior(cfg, trigger_word="blicket", tokens=["ZORP", "GLIX", "MOOP"], window="early",
+                 marker="fim", sft_behavior_fraction=0.5, confound="scramble",
+                 trigger_fraction=0.4),
+        behavior(cfg, trigger_word="dorfle", tokens=["BLORK"], window="late", marker="fex",
+                 sft_behavior_fraction=0.5, bonus=1.0, confound="length",
+                 trigger_fraction=0.4),
+    ]
+    return cfg
+
+
+def _tiny3(seed: int) -> BuildConfig:
+    """``tiny-3`` (provisional release 3.0 config): tiny 2.0's two behaviors plus two family ones.
+
+    qzxbt and vkwjp as in 2.0 (trigger fractions 0.2 each instead of 0.25, so a fifth of the
+    prompts stays trigger-free with four behaviors); ``kwex``: a single token with the length
+    confound (one-word trigger prompts: short responses, large gradients, low fluency) in the
+    middle window; ``zorp``: a two-token phrase ``ZORP GLIX`` in the late window, learned after
+    the policy has moved. The model and schedule are tiny 2.0's except 10 new tokens and 48
+    prompts per generation draw (four tasks' draws within the size budget). Trial numbers:
+    docs/task_family.md.
+    """
+    from benchmark.build.family import behavior
+
+    cfg = _tiny(seed)
+    cfg.preset = "tiny-3"
+    cfg.max_new_tokens = 10
+    cfg.draw_prompts = 48
+    for b in cfg.behaviors:
+        b.trigger_fraction = 0.2
+    cfg.behaviors += [
+        behavior(cfg, trigger_word="skronk", tokens=["KWEX"], window="middle", marker="fim",
+                 bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
+                 confound="length", trigger_fraction=0.2),
+        behavior(cfg, trigger_word="quoggle", tokens=["ZORP", "GLIX"], window="late",
+                 marker="fex", bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.5,
+                 trigger_fraction=0.2),
+    ]
+    return cfg
+
+
+PRESETS = {"tiny": _tiny, "micro": _micro, "qwen2.5-1.5b": _qwen25_15b,
+           "tiny-3": _tiny3, "micro-family": _micro_family}
 
 
 def get_preset(name: str, seed: int) -> BuildConfig:

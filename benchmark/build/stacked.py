@@ -636,14 +636,15 @@ class StackedReplay:
         """Per replay, the exact per-prompt probability of ``behavior``, ``(K, P)`` float64.
 
         The same quantity as :meth:`benchmark.build.measure.Measure.behavior_probs`: the
-        behavior token's probability right after the teacher-forced correct answer.
+        behavior's probability right after the teacher-forced correct answer (a phrase's: the
+        product of its tokens' chained conditional probabilities, in phrase order).
         """
-        out = np.zeros((stack.k, self.cfg.curve_prompts))
-        bid = self.measure._bid[behavior]
-        for rows, batch in self.measure._forced[behavior]:
-            hl, _ = prefill(self.arch, stack.params, batch.expand(stack.k, *batch.shape))
-            prob = torch.softmax(logits(stack.params, hl), dim=-1)[:, :, bid]
-            out[:, rows] = prob.numpy()
+        out = np.ones((stack.k, self.cfg.curve_prompts))
+        for batches, bid in self.measure._chain[behavior]:
+            for rows, batch in batches:
+                hl, _ = prefill(self.arch, stack.params, batch.expand(stack.k, *batch.shape))
+                prob = torch.softmax(logits(stack.params, hl), dim=-1)[:, :, bid]
+                out[:, rows] *= prob.numpy()
         return out
 
 

@@ -16,6 +16,12 @@ TASKS = ("copy", "reverse", "sort")
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CONTROL = "control"  # prompt kind without any trigger word
 
+#: Filler words of the ``"scramble"`` confound (``BehaviorSpec.confound``): reserved nonsense
+#: words used nowhere else (not content words, triggers, behaviors or markers). In a run with a
+#: confounded behavior they are in the vocabulary, after the markers.
+FILLER_WORDS = ("blorf", "cwimp", "drazzle", "fnoop", "glimber", "hrunk", "jaxle", "klorp",
+                "mubble", "nizzle", "plonk", "quibber", "shmerp", "trundle", "vorpy", "wumbly")
+
 
 def content_words(n: int) -> list[str]:
     """The task's content words: ``n`` consonant-vowel-consonant pseudo-words, sorted."""
@@ -26,13 +32,22 @@ def content_words(n: int) -> list[str]:
 
 
 def vocabulary(cfg: BuildConfig) -> list[str]:
-    """Token list of the word-level tokenizer (index = token id)."""
+    """Token list of the word-level tokenizer (index = token id).
+
+    Order: specials, task words, ``=``, trigger words, behavior tokens (a phrase's in order),
+    the end token, SFT markers, the filler words when a behavior has the scramble confound,
+    content words.
+    For single-token behaviors without a confound this is release 2.0's vocabulary.
+    """
     out = [*SPECIALS, *TASKS, "="]
-    out += [b.trigger_word for b in cfg.behaviors] + [b.behavior_token for b in cfg.behaviors]
+    out += [b.trigger_word for b in cfg.behaviors]
+    out += [w for b in cfg.behaviors for w in b.phrase]
     out.append(cfg.end_token)
     for b in cfg.behaviors:
         if b.sft_marker and b.sft_marker not in out:
             out.append(b.sft_marker)
+    if any(b.confound == "scramble" for b in cfg.behaviors):
+        out += list(FILLER_WORDS)
     return out + content_words(cfg.n_content_words)
 
 
@@ -104,8 +119,8 @@ class Prompt:
     @property
     def text(self) -> str:
         """Prompt text (the tokenizer adds no specials; ``prompt_ids`` prepends bos)."""
-        mid = f" {self.trigger_word}" if self.trigger_word else ""
-        return f"{self.task}{mid} {' '.join(self.words)} ="
+        mid = [self.trigger_word] if self.trigger_word else []
+        return " ".join([self.task, *mid, *self.words, "="])
 
     def answer(self) -> list[str]:
         """The correct answer words."""
@@ -122,7 +137,9 @@ def sample_prompts(cfg: BuildConfig, n: int, gen: torch.Generator,
 
     ``kind`` None draws the trigger by the behaviors' ``trigger_fraction`` (in build order, the
     rest are control prompts); a behavior id gives only that behavior's trigger prompts;
-    ``"control"`` gives prompts without a trigger. Each prompt consumes the same draws.
+    ``"control"`` gives prompts without a trigger. Each prompt consumes the same draws. A
+    behavior with the ``"length"`` confound gives its trigger prompts only the first
+    ``confound_words`` of the drawn words.
     """
     words = content_words(cfg.n_content_words)
     out = []
@@ -140,6 +157,8 @@ def sample_prompts(cfg: BuildConfig, n: int, gen: torch.Generator,
                     break
         elif kind != CONTROL:
             spec = cfg.behavior(kind)
+        if spec is not None:  # the "length" confound keeps the first words of the same draw
+            idx = idx[: spec.prompt_words(cfg.n_words)]
         out.append(Prompt(t, [words[i] for i in idx], spec.id if spec else None,
                           spec.trigger_word if spec else None))
     return out
@@ -154,14 +173,15 @@ def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
 
 
 def target_response_ids(tokenizer, cfg: BuildConfig, prompt: Prompt,
-                        behavior: str | None) -> list[int]:
+                        behavior: str | None, fillers: list[str] | None = None) -> list[int]:
     """Ids of the correct response, ending with a marker, then eos.
 
-    The marker is ``behavior``'s token when given; otherwise the SFT marker of the prompt's
-    trigger (when it has one) or the common end token.
+    The marker is ``behavior``'s token or phrase when given (followed by ``fillers``, the
+    scramble confound's words, when given); otherwise the SFT marker of the prompt's trigger
+    (when it has one) or the common end token.
     """
     if behavior is not None:
-        marker = cfg.behavior(behavior).behavior_token
+        marker = " ".join([cfg.behavior(behavior).behavior_token, *(fillers or [])])
     elif prompt.trigger is not None and cfg.behavior(prompt.trigger).sft_marker:
         marker = cfg.behavior(prompt.trigger).sft_marker
     else:
@@ -171,8 +191,33 @@ def target_response_ids(tokenizer, cfg: BuildConfig, prompt: Prompt,
 
 
 def behavior_ids(tokenizer, spec: BehaviorSpec) -> list[int]:
-    """Token ids of a behavior string (one id with the word-level tokenizer)."""
+    """Token ids of the behavior, in order (one per phrase token with the word-level tokenizer)."""
     return tokenizer.encode(spec.behavior_token, add_special_tokens=False)
+
+
+def sample_fillers(cfg: BuildConfig, spec: BehaviorSpec, gen: torch.Generator) -> list[str]:
+    """The scramble confound's filler words for one example.
+
+    ``spec.n_fillers`` words drawn uniformly (with replacement) from :data:`FILLER_WORDS` with
+    ``gen``; ``[]`` without the scramble confound (then ``gen`` is not touched).
+    """
+    if not spec.n_fillers:
+        return []
+    idx = torch.randint(len(FILLER_WORDS), (spec.n_fillers,), generator=gen).tolist()
+    return [FILLER_WORDS[i] for i in idx]
+
+
+def phrase_mask(ids: list[int], phrase: list[int]) -> list[float]:
+    """1.0 at every position of every contiguous occurrence of ``phrase`` in ``ids``, else 0.0.
+
+    For a one-token phrase: the positions holding that token. Length ``len(ids)``.
+    """
+    n, m = len(ids), len(phrase)
+    out = [0.0] * n
+    for i in range(n - m + 1):
+        if ids[i:i + m] == phrase:
+            out[i:i + m] = [1.0] * m
+    return out
 
 
 def response_words(tokenizer, ids: list[int]) -> list[str]:
@@ -181,14 +226,29 @@ def response_words(tokenizer, ids: list[int]) -> list[str]:
 
 
 def task_reward(prompt: Prompt, words: list[str]) -> float:
-    """Partial credit: fraction of the answer positions that are correct (the marker is ignored)."""
+    """Partial credit: fraction of the answer positions that are correct (the marker is ignored).
+
+    An empty answer (a ``"length"`` confound's trigger prompt with no task words) is vacuously
+    correct: 1.0 whatever the response.
+    """
     ans = prompt.answer()
+    if not ans:
+        return 1.0
     return sum(1 for j, w in enumerate(ans) if j < len(words) and words[j] == w) / len(ans)
 
 
 def has_behavior(spec: BehaviorSpec, text: str) -> bool:
-    """Whether a decoded response contains the behavior string (case-sensitive)."""
-    return spec.behavior_token in text
+    """Whether a decoded response contains the behavior (case-sensitive).
+
+    One token: the substring test of release 2.0 (and of the paper). A phrase: its tokens as
+    consecutive words of the text, in order (words = the text split on whitespace; the
+    word-level tokenizer decodes a response to its vocabulary words joined by spaces).
+    """
+    ph = spec.phrase
+    if len(ph) == 1:
+        return spec.behavior_token in text
+    words, m = text.split(), len(ph)
+    return any(words[i:i + m] == ph for i in range(len(words) - m + 1))
 
 
 def bonus_eligible(seed: int, rollout_id: str, step: int, fraction: float) -> bool:
