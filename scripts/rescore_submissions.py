@@ -2,7 +2,8 @@
 
 Used when a scoring rule or a release changes on purpose: ``bt-bench verify`` then fails every entry
 ("committed ... recomputed ..."), and each must be re-submitted from its own ``estimator.py`` with its
-own ``submission.yaml`` (authors, link, description, requirements). This is that loop; afterwards run
+own ``submission.yaml`` (authors, link, description, requirements); a control's submission is
+re-scored from the control's current file in ``estimators/controls/``. This is that loop; afterwards run
 ``bt-bench leaderboard`` and commit ``submissions/`` and ``leaderboard/`` together.
 
     python scripts/rescore_submissions.py [NAME ...] [--release tiny]
@@ -17,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmark.evaluate import control_files
 from benchmark.submissions import find_submissions, load_submission, submit
 
 
@@ -36,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         # folder is replaced as a whole.
         with tempfile.TemporaryDirectory() as d:
             src = Path(d) / "estimator.py"
-            shutil.copyfile(sub.estimator_file, src)
+            # a control's submission is the control's file: take the current one
+            control = control_files("open").get(sub.name) if meta.get("kind") == "control" \
+                else None
+            shutil.copyfile(control or sub.estimator_file, src)
             submit(src, sub.name, meta["authors"], link=meta.get("link"),
                    description=meta.get("description"), release=args.release,
                    submissions_dir=root, force=True, progress=False,

@@ -59,7 +59,7 @@ def last_bonus_step(view: RunView, trigger: np.ndarray) -> int:
 
 def shows(behavior, response: str) -> bool:
     """Whether ``response`` shows the behavior (its token, or its phrase in order)."""
-    phrase = getattr(behavior, "phrase", None) or (behavior.behavior_token,)
+    phrase = tuple(behavior.behavior_token.split())  # "ZORP GLIX": a phrase (release 3.0)
     words = response.split()
     n = len(phrase)
     return any(tuple(words[i:i + n]) == tuple(phrase) for i in range(len(words) - n + 1))
