@@ -154,6 +154,7 @@ def test_replicates_are_the_ratio_over_the_shared_prompt_resample():
     idx = C.prompt_resample(3, 2, "vkwjp", B, P)
     want = [sum(w[k] * d[k, 0, idx[b]].mean() for k in range(5)) / off[idx[b]].mean()
             for b in range(B)]
+    # float64 means of <= 6 values and a ratio, in two orders: <= ~20 * 2**-53 relative (derived)
     np.testing.assert_allclose(smp, want, rtol=1e-12)
     # paired: a method whose changes are twice as large has twice the replicates, and the
     # difference of the two is the first method's replicates (the same resample for both)

@@ -696,6 +696,7 @@ def test_ranks_and_pairwise_table_follow_from_the_stored_curves(board):
                 lo, hi = np.quantile(d, [0.025, 0.975])
                 want = "better" if lo > 0.01 else "worse" if hi < -0.01 else "tie"
                 assert pw[a][b]["verdict"] == want, (scope, a, b)
+                # the board writes numbers rounded to 10 decimals (<= 5e-11 each; derived)
                 assert [pw[a][b]["lo"], pw[a][b]["hi"]] == pytest.approx([lo, hi], abs=1e-9)
         for r in table["rows"]:
             beaten_by = sum(pw[o][r["name"]]["verdict"] == "better" for o in names

@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from benchmark import checklist as C
 from benchmark import metrics as M
 
+# Tolerances (math.isclose rel 1e-9, slack 1e-12): float64 ratios of counts and ranks of <= 40
+# values, exact up to a few 2**-53 (derived; docs/testing.md)
+
 # scores drawn from a small set of values, so ties are frequent
 small_scores = st.lists(st.integers(-3, 3).map(float), min_size=2, max_size=40)
 

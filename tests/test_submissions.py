@@ -374,7 +374,8 @@ def test_leaderboard_ranks_scored_submissions_by_paired_comparisons(subs, tmp_pa
         assert sorted(pw) == ["in-context-cosine", "random"]
         rows = {r["name"]: r for r in table["rows"]}
         a, b = "in-context-cosine", "random"
-        # the difference's point is the difference of the recorded scores
+        # the difference's point is the difference of the recorded scores; numbers are written
+        # rounded to 10 decimals (<= 5e-11 each, 1e-10 for a difference; derived)
         assert pw[a][b]["point"] == pytest.approx(
             rows[a]["causal_score"]["point"] - rows[b]["causal_score"]["point"], abs=1e-9)
         want = np.quantile(reps[a][scope][1] - reps[b][scope][1], [0.025, 0.975])
