@@ -328,13 +328,16 @@ def test_secrets_in_the_environment_stay_outside(micro_release, tmp_path, capsys
 def test_unix_sockets_outside_are_unreachable(micro_release, tmp_path, capsys):
     path = Path(tempfile.mkdtemp(prefix="bt-sock-")) / "s"
     servers, accepted = [], []
-    for addr in (str(path), "\0bt-bench-test-abstract"):
+    # the abstract namespace is the machine's (per network namespace): a name of its own per run,
+    # so two suites running at once do not collide
+    abstract = f"\0bt-bench-test-abstract-{os.getpid()}-{path.parent.name}"
+    for addr in (str(path), abstract):
         s = socket.socket(socket.AF_UNIX)
         s.bind(addr)
         s.listen(1)
         servers.append(s)
         threading.Thread(target=lambda s=s: accepted.append(s.accept()), daemon=True).start()
-    body = (f"for a in ({str(path)!r}, '\\0bt-bench-test-abstract'):\n"
+    body = (f"for a in ({str(path)!r}, {abstract!r}):\n"
             "    try:\n        socket.socket(socket.AF_UNIX).connect(a)\n"
             "    except OSError:\n        continue\n    raise SystemExit(f'connected to {a}')\n"
             "raise ConnectionRefusedError(errno.ECONNREFUSED, 'both unix sockets')")
