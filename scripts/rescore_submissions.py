@@ -1,10 +1,11 @@
 """Maintainers: re-score every submission in place, keeping its metadata.
 
-Used when a scoring rule or a release changes on purpose: ``bt-bench verify`` then fails every entry
-("committed ... recomputed ..."), and each must be re-submitted from its own ``estimator.py`` with its
-own ``submission.yaml`` (authors, link, description, requirements); a control's submission is
-re-scored from the control's current file in ``estimators/controls/``. This is that loop; afterwards run
-``bt-bench leaderboard`` and commit ``submissions/`` and ``leaderboard/`` together.
+Used when a scoring rule or a release changes on purpose: ``bt-bench verify`` then fails every
+entry ("committed ... recomputed ..."), and each must be re-submitted from its own
+``estimator.py`` with its own ``submission.yaml`` (authors, link, description, requirements); a
+control's submission is re-scored from the control's current file in ``estimators/controls/``.
+This is that loop; afterwards run ``bt-bench leaderboard`` and commit ``submissions/`` and
+``leaderboard/`` together.
 
     python scripts/rescore_submissions.py [NAME ...] [--release tiny]
 """

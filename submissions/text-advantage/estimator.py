@@ -19,8 +19,9 @@ Uses the open view's text, advantages and task rewards, and the public task desc
   after it), larger |advantage| first within a step.
 
 score = [trigger] * [mixed group] * [sign(adv) = +1 if behavior else -1] * (n_steps - step +
-|adv| / (1 + |adv|)), zero after the last bonus step (the second term lies in [0, 1): it orders within a step only). Every open-track entry is scored next to it (item 10's strongest control of the
-track): an open-track method counts only where it beats this, paired. It exists because the
+|adv| / (1 + |adv|)), zero after the last bonus step (the second term lies in [0, 1): it orders
+within a step only). Every open-track entry is scored next to it (item 10's strongest control of
+the track): an open-track method counts only where it beats this, paired. It exists because the
 issue-23 audit found that this heuristic, untuned, led the open track (docs/evaluation.md).
 """
 
@@ -46,8 +47,11 @@ def _standardize(values: np.ndarray, groups: np.ndarray, eps: float = 1e-6) -> n
 
 
 def last_bonus_step(view: RunView, trigger: np.ndarray) -> int:
-    """The last step where a trigger prompt's group (``trigger`` (n,) bool) shows a bonus: its
-    advantages depart from its task rewards' (-1 when none does)."""
+    """The last step where a trigger prompt's group shows a bonus (-1 when none does).
+
+    A group shows a bonus where its advantages depart from its task rewards' standardized ones;
+    ``trigger`` ``(n,)`` bool marks the rollouts whose prompt carries the trigger word.
+    """
     adv = np.asarray(view.advantages, np.float64)
     rewards = np.asarray(view.rewards, np.float64)
     groups = np.asarray(view.groups)
