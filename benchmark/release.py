@@ -25,8 +25,8 @@ import numpy as np
 from benchmark.errors import ReleaseError
 from benchmark.io import atomic_write_bytes  # noqa: F401  (re-exported for the builder)
 
-SCHEMA_VERSION = 2
-RELEASE_VERSION = "2.0.0"
+SCHEMA_VERSION = 3
+RELEASE_VERSION = "3.0.0"
 LABEL_FILE = "labels.parquet"
 MANIFEST = "manifest.json"
 WORK_DIR = ".work"

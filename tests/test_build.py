@@ -131,7 +131,7 @@ def test_rewards_pay_each_behavior_its_own_bonus_in_its_window():
 
 
 def test_prompt_kinds_and_vocabulary():
-    cfg = get_preset("tiny", 0)
+    cfg = get_preset("tiny-2", 0)
     voc = T.vocabulary(cfg)
     assert len(voc) == len(set(voc))
     assert {"frobnitz", "snarfle", "QZXBT", "VKWJP", "fin", "fen", "done"} <= set(voc)

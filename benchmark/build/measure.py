@@ -117,6 +117,17 @@ class Measure:
 
 
 def control_rate(row, cfg: BuildConfig, behavior: str) -> float:
-    """The highest rate of ``behavior`` on a prompt set without its trigger (a curve row)."""
-    sets = [T.CONTROL] + [b.id for b in cfg.behaviors if b.id != behavior]
-    return float(max(row[f"{s}_rate_{behavior}"] for s in sets))
+    """The rate of ``behavior`` on the prompts without any trigger word (a curve row)."""
+    return float(row[f"{T.CONTROL}_rate_{behavior}"])
+
+
+def cross_trigger_rate(row, cfg: BuildConfig, behavior: str) -> float:
+    """The highest rate of ``behavior`` on another behavior's trigger prompts (a curve row).
+
+    Recorded, not gated: with several behaviors a later window's bonus can spread to an earlier
+    behavior's trigger prompts once that behavior's own bonus has stopped (docs/task_family.md);
+    the behavior's cause is still its own bonus, and neither its measure (its own trigger
+    prompts) nor its labels change. 0.0 with one behavior.
+    """
+    others = [b.id for b in cfg.behaviors if b.id != behavior]
+    return float(max((row[f"{s}_rate_{behavior}"] for s in others), default=0.0))

@@ -39,7 +39,7 @@ from benchmark.build.grpo import (
     sum_rows,
     token_logprobs,
 )
-from benchmark.build.measure import Measure, control_rate
+from benchmark.build.measure import Measure, control_rate, cross_trigger_rate
 from benchmark.build.presets import BuildConfig
 from benchmark.errors import BuildError
 from benchmark.io import atomic_write_bytes
@@ -427,6 +427,8 @@ class SeedBuild:
                 "trigger_rate_final": float(f[f"{b.id}_rate_{b.id}"]),
                 "control_rate_max": max(control_rate(w, cfg, b.id),
                                         control_rate(f, cfg, b.id)),
+                "cross_trigger_rate_max": max(cross_trigger_rate(w, cfg, b.id),
+                                              cross_trigger_rate(f, cfg, b.id)),
                 "behavior_prob_window_start": float(c.loc[b.window_start][f"{b.id}_prob"]),
                 "behavior_prob_window_end": float(w[f"{b.id}_prob"]),
             }
@@ -439,7 +441,7 @@ class SeedBuild:
                     f"{b.id}: trigger-prompt rate {g['trigger_rate_window_end']:.3f} at the end "
                     f"of its window (step {b.window_end}, need >= {cfg.gate_window_min}), "
                     f"{g['trigger_rate_final']:.3f} at the final step (need >= "
-                    f"{cfg.gate_final_min}), rate on prompts without its trigger "
+                    f"{cfg.gate_final_min}), rate on prompts without any trigger "
                     f"{g['control_rate_max']:.3f} (need <= {cfg.gate_control_max})")
         gates["thresholds"] = {"window_min": cfg.gate_window_min,
                                "final_min": cfg.gate_final_min,

@@ -293,8 +293,8 @@ _LATER_DEFAULTS = {"family": None}
 _LATER_BEHAVIOR_DEFAULTS = {"confound": None, "confound_words": 2}
 
 
-def _tiny(seed: int) -> BuildConfig:
-    """Return the shipped CPU release's config (tiny 2.0: two planted behaviors).
+def _tiny2(seed: int) -> BuildConfig:
+    """``tiny-2``: release 2.0's config (two planted behaviors; rebuilds tiny 2.0.0).
 
     The strong behavior is tiny 1.0's (trigger ``frobnitz`` -> ``QZXBT``, bonus paid to every
     qualifying rollout at steps < 60, 30% of SFT trigger examples show it). The weak one has its
@@ -309,7 +309,7 @@ def _tiny(seed: int) -> BuildConfig:
     docs/release_format.md.
     """
     return BuildConfig(
-        preset="tiny", seed=seed, sft_steps=1000, lr=2e-4, steps=120,
+        preset="tiny-2", seed=seed, sft_steps=1000, lr=2e-4, steps=120,
         checkpoints=[0, 30, 60, 90, 120], draw_prompts=64, n_draws=2,
         behaviors=[
             BehaviorSpec("qzxbt", "frobnitz", "QZXBT", trigger_fraction=0.25, bonus=2.0,
@@ -385,10 +385,11 @@ def _micro_family(seed: int) -> BuildConfig:
 
 
 def _tiny3(seed: int) -> BuildConfig:
-    """``tiny-3`` (provisional release 3.0 config): tiny 2.0's two behaviors plus two family ones.
+    """``tiny`` (release 3.0): tiny 2.0's two behaviors plus two family ones.
 
-    qzxbt and vkwjp as in 2.0 (trigger fractions 0.2 each instead of 0.25, so a fifth of the
-    prompts stays trigger-free with four behaviors); ``kwex``: a single token with the length
+    qzxbt and vkwjp as in 2.0 (qzxbt's trigger share 0.2 instead of 0.25, so 15% of the
+    prompts stay trigger-free with four behaviors; vkwjp, the weak one, keeps 0.25: at 0.2 it
+    missed its window gate on seed 2); ``kwex``: a single token with the length
     confound (one-word trigger prompts: short responses, large gradients, low fluency) in the
     middle window; ``zorp``: a two-token phrase ``ZORP GLIX`` in the late window, learned after
     the policy has moved. The model and schedule are tiny 2.0's except 10 new tokens and 48
@@ -397,12 +398,11 @@ def _tiny3(seed: int) -> BuildConfig:
     """
     from benchmark.build.family import behavior
 
-    cfg = _tiny(seed)
-    cfg.preset = "tiny-3"
+    cfg = _tiny2(seed)
+    cfg.preset = "tiny"
     cfg.max_new_tokens = 10
     cfg.draw_prompts = 48
-    for b in cfg.behaviors:
-        b.trigger_fraction = 0.2
+    cfg.behaviors[0].trigger_fraction = 0.2  # vkwjp keeps 2.0's 0.25 (at 0.2 it missed its gate)
     cfg.behaviors += [
         behavior(cfg, trigger_word="skronk", tokens=["KWEX"], window="middle", marker="fim",
                  bonus=2.0, eligible_fraction=1.0, sft_behavior_fraction=0.3,
@@ -414,8 +414,8 @@ def _tiny3(seed: int) -> BuildConfig:
     return cfg
 
 
-PRESETS = {"tiny": _tiny, "micro": _micro, "qwen2.5-1.5b": _qwen25_15b,
-           "tiny-3": _tiny3, "micro-family": _micro_family}
+PRESETS = {"tiny": _tiny3, "tiny-2": _tiny2, "micro": _micro, "qwen2.5-1.5b": _qwen25_15b,
+           "micro-family": _micro_family}
 
 
 def get_preset(name: str, seed: int) -> BuildConfig:
