@@ -372,6 +372,8 @@ def pool_draws(intervals: list[Mapping[str, float]]) -> dict:
     if not intervals:
         raise ValueError("pool_draws needs at least one draw's interval; got none")
     n = len(intervals)
+    if n == 1:  # its own interval, bit for bit
+        return {k: float(intervals[0][k]) for k in ("point", "lo", "hi")} | {"n": 1}
     point = sum(float(d["point"]) for d in intervals) / n
     below = math.sqrt(sum((float(d["point"]) - float(d["lo"])) ** 2 for d in intervals)) / n
     above_ = math.sqrt(sum((float(d["hi"]) - float(d["point"])) ** 2 for d in intervals)) / n
