@@ -43,8 +43,13 @@ ITEMS: dict[int, tuple[str, str]] = {
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
     10: ("causal", "causal score above the random band, norm-only's, step-order's and the "
                    "strongest control's (paired)"),
+    11: ("live", "the live score (runs drawn fresh from the task family) is not significantly "
+                 "below the public one"),
 }
 GATED = (1, 2, 3, 4, 5, 6, 7)
+#: the items decided per task (:func:`task_checklist`); item 11 is decided once per results file,
+#: from its live draws (:func:`live_entry`)
+TASK_ITEMS = tuple(i for i in ITEMS if i != 11)
 
 
 @dataclass
@@ -168,10 +173,11 @@ def precision_of_estimate(widths: Mapping[str, float]) -> Verdict:
 
 
 def overall(items: Mapping[int, str]) -> str:
-    """Overall verdict from the aggregated gated items (10 counts once it has run)."""
+    """Overall verdict from the aggregated gated items (10 and 11 count once they have run)."""
     gated = [items[i] for i in GATED if i in items]
-    if 10 in items and items[10] not in (REPORTED, NOT_RUN):
-        gated.append(items[10])
+    for i in (10, 11):
+        if i in items and items[i] not in (REPORTED, NOT_RUN):
+            gated.append(items[i])
     return combine(gated)
 
 
@@ -191,7 +197,7 @@ def seed_verdicts(td, est: str, training: dict, draws: dict, comparisons: dict, 
     collects interval widths under ``"<seed>/precision"`` and ``"<seed>/<draw id>/auc"``.
     """
     seed = str(td.seed)
-    out: dict[int, dict[str, Verdict]] = {i: {} for i in ITEMS}
+    out: dict[int, dict[str, Verdict]] = {i: {} for i in TASK_ITEMS}
     no_gt = "no ground-truth rollout in the learning window of this seed"
 
     def window(name):
@@ -318,7 +324,8 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
     agg[9] = REPORTED
     agg[10] = causal["verdict"] if causal else NOT_RUN
     items = []
-    for i, (key, title) in ITEMS.items():
+    for i in TASK_ITEMS:
+        key, title = ITEMS[i]
         entry = {"item": i, "key": key, "title": title, "verdict": agg[i],
                  "gated": i in GATED or i == 10}
         if i in (1, 2, 3, 4, 8, 9):
@@ -340,3 +347,178 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
                 entry["reason"] = causal_reason or ""
         items.append(entry)
     return items, overall(agg)
+
+
+# ----------------------------------------------------------------------------------------------
+# item 11: the live score (runs drawn fresh from the task family) against the public one
+
+
+def pool_draws(intervals: list[Mapping[str, float]]) -> dict:
+    """The mean of independent draws' causal scores, with its interval: ``{point, lo, hi, n}``.
+
+    Each draw is a separate run, so the draws' errors are independent. Each draw's half-widths
+    (``point - lo`` below, ``hi - point`` above) are taken as independent normal errors at the
+    interval's level; the mean's half-width is then ``sqrt(sum w_i^2) / n`` on each side. One draw
+    keeps its own interval exactly. (The mean of the draws' ``lo`` and ``hi`` would not shrink
+    with ``n``, as the error of a mean of independent estimates does.)
+
+    Args:
+        intervals: one ``{"point", "lo", "hi"}`` per draw (causal score units: a fraction of the
+            bonus-off effect), at least one.
+
+    Raises:
+        ValueError: no interval given.
+    """
+    if not intervals:
+        raise ValueError("pool_draws needs at least one draw's interval; got none")
+    n = len(intervals)
+    if n == 1:  # its own interval, bit for bit
+        return {k: float(intervals[0][k]) for k in ("point", "lo", "hi")} | {"n": 1}
+    point = sum(float(d["point"]) for d in intervals) / n
+    below = math.sqrt(sum((float(d["point"]) - float(d["lo"])) ** 2 for d in intervals)) / n
+    above_ = math.sqrt(sum((float(d["hi"]) - float(d["point"])) ** 2 for d in intervals)) / n
+    return {"point": point, "lo": point - below, "hi": point + above_, "n": n}
+
+
+def live_margin(public: Mapping[str, float], live: Mapping[str, float]) -> dict:
+    """``live - public`` with its interval ``{point, lo, hi}``; the two runs are independent.
+
+    Independent normal errors again: the lower half-width combines live's lower and public's
+    upper half-widths (``sqrt(a^2 + b^2)``), the upper one live's upper and public's lower.
+    """
+    point = float(live["point"]) - float(public["point"])
+    below = math.hypot(float(live["point"]) - float(live["lo"]),
+                       float(public["hi"]) - float(public["point"]))
+    above_ = math.hypot(float(live["hi"]) - float(live["point"]),
+                        float(public["point"]) - float(public["lo"]))
+    return {"point": point, "lo": point - below, "hi": point + above_}
+
+
+def not_below(margin: Mapping[str, float], tol: float, max_width: float = MAX_WIDTH) -> str:
+    """Verdict of "not significantly below" from the interval of ``live - public``.
+
+    The mirror of :func:`benchmark.causal.beats` for a one-sided claim: **fail** when the
+    interval's upper end is below ``-tol`` (the live score lies significantly below the public
+    one, by more than the cross-machine tolerance); **inconclusive** when that end is within
+    ``tol`` of 0 (another CPU could decide it the other way), when the interval is undefined, or
+    when it straddles ``-tol`` and is wider than ``max_width`` (too little data to tell, the rule
+    of :func:`beats`); **pass** otherwise.
+    """
+    lo, hi = margin.get("lo"), margin.get("hi")
+    if not _finite(lo, hi):
+        return INCONCLUSIVE
+    if hi < -tol:
+        return FAIL
+    if hi <= tol:
+        return INCONCLUSIVE
+    if lo < -tol and hi - lo > max_width:
+        return INCONCLUSIVE
+    return PASS
+
+
+def _causal_of(suite: object, est: str) -> dict | None:
+    """``suite["causal_score"][est]`` when it is a finite ``{point, lo, hi}``, else None."""
+    scores = suite.get("causal_score") if isinstance(suite, Mapping) else None
+    d = scores.get(est) if isinstance(scores, Mapping) else None
+    if not isinstance(d, Mapping) or not _finite(d.get("point"), d.get("lo"), d.get("hi")):
+        return None
+    return {k: float(d[k]) for k in ("point", "lo", "hi")}
+
+
+def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
+              tol: float | None = None) -> dict:
+    """Item 11 from the public suite and the live draws' suites of one estimator.
+
+    Args:
+        public_suite: ``results["suite"]`` (``causal_score.<est>`` is ``{point, lo, hi}``).
+        live_draws: ``results["live"]["draws"]``: ``[{"draw_id", "suite", ...}]``, each
+            ``suite`` shaped as ``public_suite``.
+        est: the estimator's name (``results["estimator"]["name"]``).
+        tol: the cross-machine tolerance (default
+            :data:`benchmark.causal.CROSS_MACHINE_TOLERANCE`, 0.01).
+
+    Returns:
+        ``{"verdict", "public": {point, lo, hi}, "live": {point, lo, hi, n_draws, draw_ids},
+        "margin": {point, lo, hi}, "tolerance", "reason"}``: ``live`` pools the draws with a
+        causal score (:func:`pool_draws`), ``margin`` is ``live - public``
+        (:func:`live_margin`) and the verdict :func:`not_below`. Inconclusive, with None for
+        what is missing, when there is no public causal score or no live draw with one.
+    """
+    if tol is None:
+        from benchmark.causal import CROSS_MACHINE_TOLERANCE
+
+        tol = CROSS_MACHINE_TOLERANCE
+    public = _causal_of(public_suite, est)
+    scored = [(d.get("draw_id"), _causal_of(d.get("suite"), est)) for d in live_draws]
+    scored = [(i, c) for i, c in scored if c is not None]
+    live = None
+    if scored:
+        pooled = pool_draws([c for _, c in scored])
+        live = {"point": pooled["point"], "lo": pooled["lo"], "hi": pooled["hi"],
+                "n_draws": pooled["n"], "draw_ids": [i for i, _ in scored]}
+    out = {"public": public, "live": live, "margin": None, "tolerance": tol}
+    if public is None:
+        return out | {"verdict": INCONCLUSIVE,
+                      "reason": "no public causal score to compare with (causal not run)"}
+    if live is None:
+        why = ("no live draw" if not live_draws else
+               f"none of the {len(live_draws)} live draw(s) has a causal score")
+        return out | {"verdict": INCONCLUSIVE, "reason": why}
+    margin = live_margin(public, live)
+    verdict = not_below(margin, tol)
+    if verdict == FAIL:
+        reason = (f"the live score lies significantly below the public one (the upper end of "
+                  f"live - public, {margin['hi']:.3f}, is below -{tol})")
+    elif verdict == PASS:
+        reason = "the live score is not significantly below the public one"
+    elif margin["hi"] <= tol:
+        reason = (f"decided by less than the cross-machine tolerance (the upper end of "
+                  f"live - public, {margin['hi']:.3f}, is within {tol} of 0)")
+    else:
+        reason = (f"too little data to tell: live - public's interval is "
+                  f"{margin['hi'] - margin['lo']:.3f} wide (> {MAX_WIDTH}) and reaches below 0")
+    return out | {"margin": margin, "verdict": verdict, "reason": reason}
+
+
+def live_entry(results: Mapping) -> dict | None:
+    """Item 11 as a checklist entry of ``results`` (None when it has no live block).
+
+    ``{"item": 11, "key": "live", "title", "verdict", "gated": True, "numbers": {public, live,
+    margin, tolerance}, "reason"}`` from ``results["suite"]`` and ``results["live"]["draws"]``
+    (:func:`live_item`).
+    """
+    live = results.get("live")
+    if not isinstance(live, Mapping):
+        return None
+    est = str(results.get("estimator", {}).get("name", ""))
+    it = live_item(results.get("suite") or {}, list(live.get("draws") or []), est)
+    key, title = ITEMS[11]
+    return {"item": 11, "key": key, "title": title, "verdict": it["verdict"], "gated": True,
+            "numbers": {k: it[k] for k in ("public", "live", "margin", "tolerance")},
+            "reason": it["reason"]}
+
+
+def results_verdict(results: Mapping) -> str:
+    """A results file's overall verdict: its tasks' verdicts, and item 11 where live draws exist.
+
+    Without a live block this is ``combine`` of the tasks' verdicts, exactly as ``evaluate``
+    records it, so results without live draws keep their verdict.
+    """
+    verdicts = [t["verdict"] for t in (results.get("tasks") or {}).values()]
+    entry = live_entry(results)
+    if entry is not None:
+        verdicts.append(entry["verdict"])
+    return combine(verdicts)
+
+
+def with_live_item(results: dict) -> dict:
+    """``results`` with item 11 recorded (``live["item"]``) and the overall verdict updated.
+
+    Returns ``results`` itself, unchanged, when it has no live block (old results stay
+    byte-identical); otherwise a shallow copy (``results`` is not modified).
+    """
+    entry = live_entry(results)
+    if entry is None:
+        return results
+    return dict(results) | {"live": dict(results["live"]) | {"item": entry},
+                            "verdict": results_verdict(results)}

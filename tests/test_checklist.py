@@ -44,6 +44,10 @@ def test_headroom_and_combine_and_overall():
     assert C.overall(items) == C.PASS
     assert C.overall(items | {4: C.FAIL}) == C.FAIL
     assert C.overall(items | {10: C.FAIL}) == C.FAIL
+    # item 11 counts once it has run, like item 10
+    assert C.overall(items | {11: C.NOT_RUN}) == C.PASS
+    assert C.overall(items | {11: C.FAIL}) == C.FAIL
+    assert C.overall(items | {11: C.INCONCLUSIVE}) == C.INCONCLUSIVE
 
 
 def test_precision_of_estimate():
@@ -116,6 +120,8 @@ def test_task_checklist_aggregates_by_the_documented_rules():
     assert verdict == C.PASS and got["seeds"] == C.PASS and got["draws"] == C.PASS
     assert got["causal"] == C.PASS
     assert all(i["gated"] for i in items if i["item"] not in (8, 9))
+    # item 11 (live) is decided per results file, never per task
+    assert [i["item"] for i in items] == list(range(1, 11))
     # item 5: fewer seeds than the release -> inconclusive (not pass)
     _, v = C.task_checklist(_places({}, seeds=(0,)), [0], [0, 1, 2], causal)
     assert v == C.INCONCLUSIVE
@@ -171,3 +177,113 @@ def test_precision_items_cannot_pass_at_or_below_the_random_band():
         "0": C.FAIL, "1": C.FAIL, "2": C.FAIL}
     assert got["timing"]["verdict"] == C.PASS and got["magnitude"]["verdict"] == C.PASS
     assert "causal_gate" not in got["timing"]["per"]["1"]["numbers"]
+
+
+# ---------------------------------------------------------------------------------------------
+# item 11: the live score against the public one (hand-computed)
+
+PUBLIC = {"point": .5, "lo": .47, "hi": .54}  # half-widths 0.03 below, 0.04 above
+
+
+def _iv(point, lo, hi):
+    return {"point": point, "lo": lo, "hi": hi}
+
+
+def _close(d, point, lo, hi):
+    assert math.isclose(d["point"], point, abs_tol=1e-12)
+    assert math.isclose(d["lo"], lo, abs_tol=1e-12) and math.isclose(d["hi"], hi, abs_tol=1e-12)
+
+
+def test_pool_draws_one_keeps_its_interval_n_combine_half_widths():
+    _close(C.pool_draws([_iv(.4, .35, .47)]), .4, .35, .47)
+    # half-widths (0.03, 0.04) and (0.04, 0.03): sqrt(.03^2 + .04^2) / 2 = 0.025 each side
+    pooled = C.pool_draws([_iv(.4, .37, .44), _iv(.2, .16, .23)])
+    _close(pooled, .3, .275, .325)
+    assert pooled["n"] == 2
+
+
+def test_live_margin_combines_independent_runs():
+    # live - public = -0.1; below: hypot(live .03, public above .04) = .05; above: hypot(.04, .03)
+    _close(C.live_margin(PUBLIC, _iv(.4, .37, .44)), -.1, -.15, -.05)
+
+
+def _suite(est, iv):
+    return {"causal_score": {est: iv, "oracle": _iv(.4, .3, .5)}, "tasks": ["a"],
+            "verdicts": {"a": C.PASS}}
+
+
+def _live(est, *ivs):
+    return [{"draw_id": 7 + i, "release": {}, "suite": _suite(est, iv), "verdict": C.PASS}
+            for i, iv in enumerate(ivs)]
+
+
+def test_live_item_verdicts():
+    pub = _suite("m", PUBLIC)
+    # significantly below: margin -0.1 [-0.15, -0.05]
+    it = C.live_item(pub, _live("m", _iv(.4, .37, .44)), "m", .01)
+    assert it["verdict"] == C.FAIL and "significantly below" in it["reason"]
+    _close(it["margin"], -.1, -.15, -.05)
+    assert it["live"]["n_draws"] == 1 and it["live"]["draw_ids"] == [7]
+    assert it["public"] == PUBLIC
+    # a memorizer: the oracle's 0.435 in public, the random band live: upper end
+    # -0.465 + hypot(.03, .031) = -0.4219
+    it = C.live_item(_suite("m", _iv(.435, .404, .467)), _live("m", _iv(-.03, -.07, 0.)), "m",
+                     .01)
+    assert it["verdict"] == C.FAIL
+    assert math.isclose(it["margin"]["hi"], -.465 + math.hypot(.03, .031), abs_tol=1e-12)
+    # not significantly below: margin -0.02 [-0.07, 0.03], 0.1 wide
+    assert C.live_item(pub, _live("m", _iv(.48, .45, .52)), "m", .01)["verdict"] == C.PASS
+    # within the tolerance: margin -0.045, upper end 0.005
+    it = C.live_item(pub, _live("m", _iv(.455, .425, .495)), "m", .01)
+    assert it["verdict"] == C.INCONCLUSIVE and "tolerance" in it["reason"]
+    # too wide: margin -0.05 [-0.1577, 0.0834], 0.241 wide (> 0.15) and reaching below 0
+    it = C.live_item(pub, _live("m", _iv(.45, .35, .58)), "m", .01)
+    assert it["verdict"] == C.INCONCLUSIVE and "too little data" in it["reason"]
+    # above the public score, however wide: pass
+    assert C.live_item(pub, _live("m", _iv(.7, .5, .9)), "m", .01)["verdict"] == C.PASS
+    # two draws pooled: 0.3 [0.275, 0.325] (test above); margin -0.2: fail
+    it = C.live_item(pub, _live("m", _iv(.4, .37, .44), _iv(.2, .16, .23)), "m", .01)
+    assert it["verdict"] == C.FAIL and it["live"]["n_draws"] == 2
+    _close(it["live"], .3, .275, .325)
+
+
+def test_live_item_is_inconclusive_without_live_draws_or_scores():
+    pub = _suite("m", PUBLIC)
+    it = C.live_item(pub, [], "m", .01)
+    assert it["verdict"] == C.INCONCLUSIVE and it["live"] is None and it["reason"] == "no live draw"
+    no_causal = [{"draw_id": 1, "suite": {"tasks": ["a"], "verdicts": {}}}]
+    it = C.live_item(pub, no_causal, "m", .01)
+    assert it["verdict"] == C.INCONCLUSIVE and "has a causal score" in it["reason"]
+    it = C.live_item({"tasks": ["a"]}, _live("m", _iv(.4, .37, .44)), "m", .01)
+    assert it["verdict"] == C.INCONCLUSIVE and it["public"] is None
+    # the default tolerance is the cross-machine one
+    from benchmark.causal import CROSS_MACHINE_TOLERANCE
+
+    assert C.live_item(pub, [], "m")["tolerance"] == CROSS_MACHINE_TOLERANCE
+
+
+def _results(verdicts, live=None):
+    r = {"estimator": {"name": "m"}, "suite": _suite("m", PUBLIC),
+         "tasks": {t: {"verdict": v} for t, v in verdicts.items()}, "verdict": None}
+    r["verdict"] = C.combine(verdicts.values())
+    if live is not None:
+        r["live"] = {"family_version": "1", "scale": "micro-family", "draws": live}
+    return r
+
+
+def test_item_11_counts_only_where_a_live_block_exists():
+    old = _results({"a": C.PASS, "b": C.PASS})
+    assert C.live_entry(old) is None
+    assert C.results_verdict(old) == C.PASS
+    assert C.with_live_item(old) is old  # unchanged: old results stay byte-identical
+    memorizer = _results({"a": C.PASS, "b": C.PASS}, _live("m", _iv(-.03, -.07, 0.)))
+    entry = C.live_entry(memorizer)
+    assert entry["item"] == 11 and entry["key"] == "live" and entry["gated"]
+    assert entry["verdict"] == C.FAIL and entry["numbers"]["public"] == PUBLIC
+    assert C.results_verdict(memorizer) == C.FAIL
+    scored = C.with_live_item(memorizer)
+    assert scored["verdict"] == C.FAIL and scored["live"]["item"] == entry
+    assert memorizer["verdict"] == C.PASS and "item" not in memorizer["live"]  # not modified
+    honest = _results({"a": C.PASS}, _live("m", _iv(.48, .45, .52)))
+    assert C.results_verdict(honest) == C.PASS
+    assert C.results_verdict(_results({"a": C.PASS}, [])) == C.INCONCLUSIVE

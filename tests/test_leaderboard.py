@@ -78,6 +78,12 @@ def trim_results(res: dict) -> dict:
                                                 "config", "fallbacks"))
     out["release"] = _pick(res["release"], ("id", "version", "manifest_sha256", "tasks"))
     out["suite"] = _pick(res["suite"], ("causal_score", "random_band", "tasks", "verdicts"))
+    if "live" in res:  # live draws: the suite of each draw, and item 11 where recorded
+        out["live"] = _pick(res["live"], ("family_version", "scale", "item"))
+        out["live"]["draws"] = [
+            dict(_pick(d, ("draw_id", "release", "verdict")),
+                 suite=_pick(d["suite"], ("causal_score", "tasks", "verdicts")))
+            for d in res["live"]["draws"]]
     out["tasks"] = {}
     for t, task in res["tasks"].items():
         sm = task["summary"]
@@ -327,6 +333,73 @@ def test_suite_row_and_band():
     assert ref["oracle"]["causal_score"] == res["suite"]["causal_score"]["oracle"]
     res["suite"]["random_band"] = {"lo": -0.5, "hi": 0.5}  # recorded by the evaluator: used
     assert suite_reference(res, TASKS)["random"]["band"] == {"lo": -0.5, "hi": 0.5}
+
+
+def add_live(res: dict, *draws: tuple[float, float, float]) -> dict:
+    """Give ``res`` a live block: one draw per ``(point, lo, hi)`` of the estimator's suite
+    causal score (draw ids 101, 102, ...)."""
+    est = res["estimator"]["name"]
+    res["live"] = {"family_version": "1", "scale": "micro-family", "draws": [
+        {"draw_id": 101 + i, "release": {"id": f"live-{101 + i}"},
+         "suite": {"causal_score": {est: {"point": p, "lo": lo, "hi": hi}}, "tasks": TASKS,
+                   "verdicts": dict.fromkeys(TASKS, "inconclusive")},
+         "verdict": "inconclusive"} for i, (p, lo, hi) in enumerate(draws)]}
+    return res
+
+
+def test_suite_row_live_score_and_item_11():
+    from benchmark import checklist as C
+
+    res = load_results("gas")
+    row = suite_row(_meta("gas", res), res, TASKS)
+    assert row["live"] is None and row["checklist"] == {"live": None}  # no live block
+    public = res["suite"]["causal_score"]["GAS"]
+    # one draw far below the public score: its own interval, item 11 fails
+    add_live(res, (0.01, -0.02, 0.05))
+    row = suite_row(_meta("gas", res), res, TASKS)
+    assert row["live"] == {"point": 0.01, "lo": -0.02, "hi": 0.05, "n_draws": 1,
+                           "draw_ids": [101]}
+    assert row["checklist"] == {"live": C.FAIL}
+    # two draws around the public score, half-widths 0.02 and 0.03: the mean, half-widths
+    # sqrt(.02^2 + .03^2) / 2 below and above; live - public is 0 [-0.068, 0.075]: a pass
+    p = public["point"]
+    add_live(res, (p - .01, p - .03, p + .01), (p + .01, p - .02, p + .04))
+    row = suite_row(_meta("gas", res), res, TASKS)
+    assert row["live"]["point"] == pytest.approx(p)
+    assert row["live"]["lo"] == pytest.approx(p - math.hypot(.02, .03) / 2)
+    assert row["live"]["hi"] == pytest.approx(p + math.hypot(.02, .03) / 2)
+    assert row["live"]["n_draws"] == 2 and row["checklist"] == {"live": C.PASS}
+    # a recorded item 11 is shown as recorded
+    res["live"]["item"] = C.live_entry(res) | {"verdict": C.INCONCLUSIVE}
+    assert suite_row(_meta("gas", res), res, TASKS)["checklist"] == {"live": C.INCONCLUSIVE}
+
+
+def test_live_column_in_markdown_json_and_html(tmp_path):
+    root = tmp_path / "submissions"
+    make_submission(root, "gas", add_live(load_results("gas"), (0.41, 0.35, 0.47)))
+    make_submission(root, "c1-dot", load_results("c1-dot"))  # no live block
+    generate(root, tmp_path / "lb")
+    md = (tmp_path / "lb" / "README.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| rank")
+                  and "suite causal score" in line)
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols[3:5] == ["suite causal score [95% CI]", "live [95% CI] (draws)"]
+    assert cols[-2:] == ["11", "verdict"]
+    rows = {r[1].split("]")[0].strip("*["): r
+            for r in _tables(md)["Suite: mean over tasks and seeds / Gradient track"]}
+    assert rows["gas"][4] == "0.410 [0.350, 0.470] (n=1)" and rows["gas"][-2] == "FAIL"
+    assert rows["c1-dot"][4] == "-" and rows["c1-dot"][-2] == "-"
+    assert rows["oracle (group labels)"][4] == ""  # reference rows have no live score
+    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
+    srows = {r["name"]: r for r in data["releases"][0]["suite"]["tracks"][0]["rows"]}
+    assert srows["gas"]["live"] == {"point": 0.41, "lo": 0.35, "hi": 0.47, "n_draws": 1,
+                                    "draw_ids": [101]}
+    assert srows["gas"]["checklist"] == {"live": "fail"}
+    assert srows["c1-dot"]["live"] is None and srows["c1-dot"]["checklist"] == {"live": None}
+    html = (tmp_path / "lb" / "index.html").read_text()
+    table = html.split('id="suite-tiny-gradient"')[1].split("</table>")[0]
+    row = table.split('<tr data-name="gas">')[1].split("</tr>")[0]
+    assert 'title="live draws: 101"' in row and "(n=1)</span>" in row
 
 
 def test_fallbacks_default_to_none_and_are_validated():

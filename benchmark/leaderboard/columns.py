@@ -34,7 +34,9 @@ ITEM_TITLES = {1: "magnitude: beats norm-only and advantage-only",
                6: "draws: >= 2 draws per seed, item 2 passes on each",
                7: "precision of the estimate: intervals <= 0.15 wide",
                10: "causal: above the random band, norm-only, step-order and the strongest "
-                   "control"}
+                   "control",
+               11: "live: the live score (runs drawn fresh from the task family) is not "
+                   "significantly below the public one"}
 
 
 @dataclass(frozen=True)
@@ -202,16 +204,30 @@ def suite_columns(release: dict) -> list[Column]:
             Column("name", "submission", False, "asc"),
             Column("kind", "kind", False, "asc"),
             Column("causal_score", "suite causal score [95% CI]", True,
-                   title="mean over tasks and seeds of the causal score")]
+                   title="mean over tasks and seeds of the causal score"),
+            Column("live", "live [95% CI] (draws)", True,
+                   title="the suite causal score on runs drawn fresh from the task family at "
+                         "scoring time: mean over the n live draws, with its interval")]
     for t, strength in tasks:
         cols.append(Column(f"task:{t}", f"{t}" + (f" ({strength})" if strength else ""), True,
                            title=f"causal score on task {t}, mean over seeds"))
     for t, _ in tasks:
         cols.append(Column(f"verdict:{t}", f"{t} verdict", False, "asc",
                            title=f"checklist verdict on task {t}"))
+    cols.append(Column("item11", "11", False, "asc", title=f"11 {ITEM_TITLES[11]}"))
     cols.append(Column("verdict", "verdict", False, "asc",
-                       title="overall verdict: every gated item of every task"))
+                       title="overall verdict: every gated item of every task, and item 11 "
+                             "where live draws exist"))
     return cols
+
+
+def _live_cell(d: dict | None) -> Cell:
+    """``0.410 [0.350, 0.470] (n=1)`` of a live score; ``-`` without live draws."""
+    cell = _iv_cell(d)
+    if d is None or cell.text == "-":
+        return cell
+    return Cell(cell.text, f"{cell.ci} (n={d.get('n_draws')})".strip(), cell.sort,
+                title="live draws: " + ", ".join(str(i) for i in d.get("draw_ids") or []))
 
 
 def suite_table(release: dict, table: dict) -> Table:
@@ -237,9 +253,11 @@ def suite_table(release: dict, table: dict) -> Table:
     for r in table["rows"]:
         cells = _rank_kind_name(r)
         cells["causal_score"] = _iv_cell(r["causal_score"])
+        cells["live"] = _live_cell(r.get("live"))
         for t in tasks:
             cells[f"task:{t}"] = _iv_cell(r["tasks"].get(t))
             cells[f"verdict:{t}"] = _verdict_cell(r["task_verdicts"].get(t), short=False)
+        cells["item11"] = _verdict_cell((r.get("checklist") or {}).get("live"), short=True)
         cells["verdict"] = _verdict_cell(r["verdict"], short=False)
         out.ranked.append(Row(r["name"], r["name"], r["kind"], cells,
                               entries[r["name"]].get("description") or ""))

@@ -47,7 +47,11 @@ LEGEND = (
     f"in each results.json. {FALLBACK_MARK} = the entry declares that it falls back to a "
     "generic sketch method on that view (step view: step P; draws: draw AUC and items 1, 2, 6, "
     "7), so the number is not its own method's. Controls (kind `control`, names in italics) are "
-    "the target-free baselines."
+    "the target-free baselines. Suite tables: **live** = the suite causal score on runs drawn "
+    "fresh from the task family at scoring time (mean over the n live draws, with its 95% "
+    "interval; - = no live draw); **11** = checklist item 11, the live score is not "
+    "significantly below the public one (it counts toward the verdict only where live draws "
+    "exist)."
 )
 
 

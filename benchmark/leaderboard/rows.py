@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmark.checklist import live_entry
 from benchmark.leaderboard._common import (
     GATED_KEYS,
     RESULTS_SCHEMA_VERSION,
@@ -30,6 +31,7 @@ __all__ = [
     "curve_series",
     "draw_series",
     "fallbacks",
+    "live_item",
     "precision_series",
     "random_band_series",
     "suite_reference",
@@ -166,20 +168,48 @@ def task_row(meta: dict, results: dict, task: str) -> dict:
     }
 
 
+def live_item(results: dict) -> dict | None:
+    """Checklist item 11 of a results file, or None when it has no live block.
+
+    The item recorded under ``live.item``, else computed from the recorded numbers with
+    :func:`benchmark.checklist.live_entry`.
+    """
+    if not isinstance(results.get("live"), dict):
+        return None
+    item = get(results, "live", "item")
+    return item if isinstance(item, dict) and "verdict" in item else live_entry(results)
+
+
+def _live_score(item: dict | None) -> dict | None:
+    """``{point, lo, hi, n_draws, draw_ids}`` of item 11's pooled live score, or None."""
+    live = get(item, "numbers", "live")
+    iv = interval(live)
+    if iv is None:
+        return None
+    ids = live.get("draw_ids")
+    return iv | {"n_draws": live.get("n_draws"), "draw_ids": list(ids) if ids else []}
+
+
 def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
     """One submission's row in the suite table: the causal score over tasks and seeds.
 
     ``causal_score`` is ``results["suite"]["causal_score"]`` (mean over tasks and seeds, with
     its interval); ``tasks`` holds each task's causal score and ``task_verdicts`` its verdict.
+    ``live`` is the suite causal score on live draws (the mean over draws, with its interval,
+    the number of draws and their ids; :func:`benchmark.checklist.pool_draws`) and
+    ``checklist.live`` item 11's verdict; both None without live draws.
     """
     est = results["estimator"]["name"]
+    item = live_item(results)
     return {
         "name": meta["name"],
         "kind": meta.get("kind", "estimator"),
         "causal_score": interval(get(results, "suite", "causal_score", est)),
+        "live": _live_score(item),
         "tasks": {t: interval(get(results, "tasks", t, "summary", "causal_score", est))
                   for t in tasks},
         "task_verdicts": {t: get(results, "tasks", t, "verdict") for t in tasks},
+        "checklist": {"live": item["verdict"] if item else None},
         "verdict": results.get("verdict"),
         "fallbacks": fallbacks(results),
     }
