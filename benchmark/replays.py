@@ -495,6 +495,13 @@ def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers:
     from tqdm import tqdm
 
     t0 = time.perf_counter()
+    first: dict | None = None
+    missing = sorted({j.seed for j in jobs if not store.has(baseline_job(j.seed))})
+    if workers > 1 and missing and any(j.task is not None and not store.has(j) for j in jobs):
+        # a seed's missing baseline ties its removal jobs to the lane that computes it: compute
+        # the baselines first (a lane per seed), then spread the removals over every lane
+        first = run_jobs(store, manifest_sha256, [baseline_job(s) for s in missing], workers,
+                         progress, pool, executor)
     lanes = plan_lanes(store, jobs, workers)
     n_jobs = sum(len(js) for lane in lanes for _, js in lane)
     n_base = sum(1 for lane in lanes for s, _ in lane if not store.has(baseline_job(s)))
@@ -509,6 +516,8 @@ def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers:
     else:
         facts = _run_lanes_local(store, manifest_sha256, lanes, bar, pool)
     bar.close()
+    if first:
+        n_base, facts = n_base + first["baselines"], first["lanes"] + facts
     return {"replayed": n_jobs + n_base, "baselines": n_base, "executor": name,
             "seconds": round(time.perf_counter() - t0, 2), "lanes": facts}
 

@@ -11,7 +11,7 @@ import torch
 from benchmark.build import family as F
 from benchmark.build import get_preset
 from benchmark.build import task as T
-from benchmark.build.measure import Measure
+from benchmark.build.measure import Measure, control_rate, cross_trigger_rate
 from benchmark.build.pipeline import sft_examples
 from benchmark.build.presets import BehaviorSpec, BuildConfig
 from benchmark.errors import BuildError
@@ -307,3 +307,20 @@ def test_draw_cli_refuses_a_non_family_preset(tmp_path):
         build_command(ap.parse_args(["--preset", "tiny", "--draw", "1", "--out", str(tmp_path)]))
     with pytest.raises(BuildError, match="'family' is a family scale: build a draw of it"):
         build_command(ap.parse_args(["--preset", "family", "--out", str(tmp_path)]))
+
+
+def test_gate_rates_separate_no_trigger_prompts_from_other_triggers_prompts():
+    """The emergence gate's control rate reads the no-trigger prompts only; a behavior's spread
+    to another behavior's trigger prompts is its own, recorded number (hand-built curve row)."""
+    cfg = get_preset("tiny", 0)
+    ids = [b.id for b in cfg.behaviors]
+    row = {f"{s}_rate_{b}": 0.0 for s in [T.CONTROL, *ids] for b in ids}
+    row[f"{T.CONTROL}_rate_zorp"] = 0.03
+    row["qzxbt_rate_zorp"], row["vkwjp_rate_zorp"] = 0.45, 0.10
+    row["zorp_rate_zorp"] = 0.9  # its own trigger prompts: neither number
+    assert control_rate(row, cfg, "zorp") == 0.03
+    assert cross_trigger_rate(row, cfg, "zorp") == 0.45
+    assert cross_trigger_rate(row, cfg, "kwex") == 0.0
+    one = get_preset("tiny", 0)
+    one.behaviors = one.behaviors[:1]
+    assert cross_trigger_rate(row, one, "qzxbt") == 0.0
