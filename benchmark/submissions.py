@@ -576,7 +576,8 @@ def _compare_arrays(committed: object, recomputed: object, tol: float, path: str
 
 def _is_causal(path: str) -> bool:
     """Whether a results path holds a number computed from training replays."""
-    return any(p in ("causal", "causal_score", "random_band") for p in path.split("."))
+    return any(p in ("causal", "causal_score", "random_band", "vs_random")
+               for p in path.split("."))
 
 
 def _item_label(a: object, b: object, i: int) -> str:
