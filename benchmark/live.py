@@ -383,3 +383,20 @@ def build_command(args) -> int:
               f"{t.get('redraws')} redraw(s)), lean causal reference "
               f"{t.get('reference_seconds')} s")
     return 0
+
+
+def format_live(results: dict) -> str:
+    """One line per recorded live draw: the entry's suite causal score, its margin, verdict."""
+    est = results["estimator"]["name"]
+    rec = results.get("live") or {}
+    lines = []
+    for d in rec.get("draws", []):
+        cs = d["suite"].get("causal_score", {}).get(est)
+        vr = d["suite"].get("vs_random")
+        score = (f"causal score {cs['point']:.3f} [{cs['lo']:.3f}, {cs['hi']:.3f}]" if cs
+                 else "no causal score")
+        margin = (f", minus the random band {vr['point']:+.3f} [{vr['lo']:+.3f}, {vr['hi']:+.3f}]"
+                  if vr else "")
+        lines.append(f"live draw {d['draw_id']} ({rec.get('scale')}, release "
+                     f"{d['release']['id']}): {score}{margin}; verdict {d['verdict']}")
+    return "\n".join(lines)
