@@ -229,35 +229,87 @@ def test_submit_records_the_live_draw(live_sub, live5):
 
 def test_verify_rescores_the_recorded_draw_and_runs_the_live_check(live_sub, micro_causal,
                                                                   capsys):
+    from benchmark.evaluate import evaluate
     from benchmark.submissions import verify_submission
 
-    report = verify_submission(live_sub, micro_causal, progress=False)
-    assert report.ok, report.format()
-    assert report.live_check is None
-    # an edited live number is found like any other
-    res = json.loads((live_sub / "results.json").read_text())
-    est = res["estimator"]["name"]
-    res["live"]["draws"][0]["suite"]["causal_score"][est]["point"] += 0.5
-    edited = live_sub.parent.parent / "edited" / "gas"
-    import shutil
-
-    shutil.copytree(live_sub, edited)
-    (edited / "results.json").write_text(json.dumps(res))
-    bad = verify_submission(edited, micro_causal, progress=False)
-    assert [d.path for d in bad.drifts] == [f"live.draws.0.suite.causal_score.{est}.point"]
-    # the live check on a new draw, pinned; its verdict is live_gate's on the two suites
     os.environ.pop(L.LIVE_DRAW_ENV, None)
-    assert main(["verify", str(live_sub), "--release", str(micro_causal), "--no-progress",
-                 "--live-draw", "6", "--live-scale", SCALE]) in (0, 1)
+    rc = main(["verify", str(live_sub), "--release", str(micro_causal), "--no-progress",
+               "--live-draw", "6", "--live-scale", SCALE])
     out = capsys.readouterr().out
     assert out.startswith("live check: every entry is also scored on live draw 6 "
                           "(micro-family; --live-draw)")
-    assert "live check on draw 6 (micro-family): " in out
-    from benchmark.evaluate import evaluate
-
+    # the public numbers and the recorded draw 5 are reproduced: nothing differs
+    assert "differ" not in out and "note" not in out, out
+    # the live check's verdict is live_gate's on the public suite and draw 6's
+    res = json.loads((live_sub / "results.json").read_text())
+    est = res["estimator"]["name"]
     live6 = evaluate(GAS, L.live_dir(6, SCALE), progress=False)
     ok, reason = L.live_gate(res["suite"], live6["suite"], est, CROSS_MACHINE_TOLERANCE)
-    assert reason in out and (("ok: " + reason) in out) is ok
+    verdict = "ok" if ok else "FAILED"
+    assert f"live check on draw 6 (micro-family): {verdict}: {reason}" in out
+    assert rc == (0 if ok else 1)
+    if not ok:
+        assert (f"reproduce: bt-bench verify {live_sub} --live-draw 6 --live-scale micro-family"
+                in out)
+    # an edited live number is found like any other (no live check here)
+    import shutil
+
+    res["live"]["draws"][0]["suite"]["causal_score"][est]["point"] += 0.5
+    edited = live_sub.parent.parent / "edited" / "gas"
+    shutil.copytree(live_sub, edited)
+    (edited / "results.json").write_text(json.dumps(res))
+    bad = verify_submission(edited, micro_causal, progress=False)
+    assert bad.live_check is None
+    assert [d.path for d in bad.drifts] == [f"live.draws.0.suite.causal_score.{est}.point"]
+    print(out)
+
+
+MEMORIZER = """
+import numpy as np
+
+from estimators.base import BaseEstimator
+
+SCORES = {scores!r}  # (seed, task) -> GAS's rollout scores on the public run, memorized
+
+
+class Memorizer(BaseEstimator):
+    name = "memorizer"
+
+    def score_rollouts(self, view):
+        key = (view.seed, view.behavior.id)
+        if view.granularity == "rollout" and len(SCORES.get(key, ())) == view.n:
+            return np.asarray(SCORES[key], np.float64)
+        return np.zeros(view.n)
+"""
+
+
+def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro_causal,
+                                                                tmp_path):
+    """An entry that returns answers memorized from the public release (here GAS's own rollout
+    scores there; the micro release's group labels score below its random band) keeps its
+    public score and falls to the random band on a live draw: the live check fails it, naming
+    the draw and the command that reproduces it."""
+    from benchmark.contract import load_estimator_file
+    from benchmark.data import load_seed
+    from benchmark.release import load_release
+    from benchmark.submissions import submit, verify_submission
+
+    rel = load_release(micro_causal)
+    gas = load_estimator_file(GAS).instantiate()
+    scores = {(s, t): [float(x) for x in gas.score_rollouts(td.rollout_view)]
+              for s in rel.seeds for t, td in load_seed(rel, s, "gradient").items()}
+    est = tmp_path / "memorizer.py"
+    est.write_text(MEMORIZER.format(scores=scores))
+    sub = submit(est, "memorizer", ["A"], release=micro_causal,
+                 submissions_dir=tmp_path / "submissions", progress=False, live=False)
+    report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
+    assert not report.drifts and report.error is None and not report.ok
+    lc = report.live_check
+    assert lc["ok"] is False and lc["draw_id"] == 6
+    assert "significantly above the random band on the public release" in lc["reason"]
+    text = report.format()
+    assert "live check on draw 6 (micro-family): FAILED" in text
+    assert f"reproduce: bt-bench verify {sub} --live-draw 6 --live-scale micro-family" in text
 
 
 def _sha(p: Path) -> str:
