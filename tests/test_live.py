@@ -200,13 +200,11 @@ def test_evaluate_live_is_evaluate_on_the_draws_release(live5, tmp_path):
 
 @pytest.fixture(scope="module")
 def live_sub(micro_causal, live5, tmp_path_factory) -> Path:
-    from benchmark.submissions import submit
-
+    """GAS submitted through the CLI on the micro release with live draw 5 pinned."""
     root = tmp_path_factory.mktemp("live_subs") / "submissions"
     assert main(["submit", str(GAS), "--name", "gas", "--authors", "A", "--release",
                  str(micro_causal), "--submissions-dir", str(root), "--no-progress",
                  "--live-draw", str(DRAW), "--live-scale", SCALE]) == 0
-    assert submit  # the CLI is the path under test
     return root / "gas"
 
 
