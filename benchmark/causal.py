@@ -816,4 +816,33 @@ def causal_results(release, scores: dict, estimator: str,
         both = [x for t in samples for x in samples[t][name]]
         suite[name] = mean_over_seeds([p for p, _ in both], [r for _, r in both],
                                       settings.level)
-    return {"tasks": tasks, "suite": suite, "replay": {"mode": "batched", "threads": 1}}, timing
+    out = {"tasks": tasks, "suite": suite, "replay": {"mode": "batched", "threads": 1}}
+    margins = band_margins(tasks, samples, estimator) if estimator in suite else []
+    if margins:
+        out["suite_vs_random"] = mean_over_seeds([p for p, _ in margins],
+                                                 [r for _, r in margins], settings.level)
+    return out, timing
+
+
+def band_margins(tasks: dict, samples: dict, estimator: str) -> list[tuple[float, np.ndarray]]:
+    """The estimator's item-10 margins over the random band's top, per scored (task, seed).
+
+    For each (task, seed) with a causal score: ``(point - hi, replicates - hi)`` with ``hi`` the
+    band's upper end there (``comparisons.random_band`` of the block, before its interval). Their
+    mean over tasks and seeds (:func:`mean_over_seeds`) is the suite's paired estimator-minus-band
+    margin, ``suite["vs_random"]``, which the live-draw gate of ``bt-bench verify`` reads.
+
+    Args:
+        tasks: ``{task: {"per_seed": {seed: block}}}`` of :func:`causal_results`.
+        samples: ``{task: {method: [(point, (B,) replicates), ...]}}`` in the order of the
+            blocks with methods (sorted seeds).
+        estimator: whose margins.
+    """
+    out = []
+    for t, entry in sorted(tasks.items()):
+        blocks = [b for _, b in sorted(entry["per_seed"].items(), key=lambda kv: int(kv[0]))
+                  if b["methods"]]
+        for b, (p, r) in zip(blocks, samples.get(t, {}).get(estimator, []), strict=True):
+            hi = b["random_band"]["hi"]
+            out.append((p - hi, np.asarray(r) - hi))
+    return out

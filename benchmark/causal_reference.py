@@ -86,8 +86,14 @@ def exact_replay_proof(seed_dir: Path) -> dict:
 
 
 def reference(release, seed: int, workers: int = 2, progress: bool = True,
-              verify_exact: bool = True, n_random: int = N_RANDOM) -> dict:
-    """Compute the content of ``seed<S>/causal.json`` (see the module docstring)."""
+              verify_exact: bool = True, n_random: int = N_RANDOM, lean: bool = False) -> dict:
+    """Compute the content of ``seed<S>/causal.json`` (see the module docstring).
+
+    ``lean`` (live draws, :mod:`benchmark.live`): no exact-replay proof and no provenance curve
+    (the rollout labels' removals, a reference row no evaluation verdict reads); the oracle, the
+    controls, the random sets and the bonus-off replay as in the full reference. The output then
+    records ``"lean": true``; a full reference's output is unchanged.
+    """
     from benchmark.build.replay import ReplaySeed
     from benchmark.machine import fingerprint
     from benchmark.replays import (
@@ -113,7 +119,9 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
            "machine": fingerprint(),
            "k_fractions": list(C.K_FRACTIONS), "ties": C.FAIR_TIES, "n_random": n_random,
            "tasks": {}}
-    if verify_exact:
+    if lean:
+        out["lean"] = True
+    if verify_exact and not lean:
         out["exact_replay"] = exact_replay_proof(seed_dir)
     plan: dict[str, dict] = {}
     jobs: list = []
@@ -122,9 +130,10 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         gt = labels[f"group_label_{t}"].to_numpy(bool)
         ks = C.k_grid(int(gt.sum()), C.K_FRACTIONS)
         oracle = np.where(gt, 1.0, 0.0)
-        prov = np.where(labels[f"bonus_{t}"].to_numpy(bool), 1.0, 0.0)
-        curves = {"oracle": oracle, "provenance": prov,
-                  **control_scores(release, seed, t)}
+        refs = {"oracle": oracle}
+        if not lean:
+            refs["provenance"] = np.where(labels[f"bonus_{t}"].to_numpy(bool), 1.0, 0.0)
+        curves = {**refs, **control_scores(release, seed, t)}
         fair = {m: C.removal_sets(sc, ks, seed, t, W, nps, completions=1)
                 for m, sc in curves.items()}
         sets = {m: [comps[0] for comps in fs] for m, (fs, _) in fair.items()}
@@ -205,10 +214,9 @@ def install(release_dir: str | Path, data: dict[int, dict]) -> dict:
                              "checkpoints": sorted(int(c) for c in ex.get("checkpoints", {})),
                              "machine": (ex.get("machine") or {}).get("cpu")},
             "tasks": {t: {"bonus_off_effect": v["bonus_off"]["effect"],
-                          "oracle_fractions": [c["fraction"] for c in
-                                               v["methods"]["oracle"]["curve"]],
-                          "provenance_fractions": [c["fraction"] for c in
-                                                   v["methods"]["provenance"]["curve"]]}
+                          **{f"{m}_fractions": [c["fraction"] for c in
+                                                v["methods"][m]["curve"]]
+                             for m in C.REFERENCE_ROWS if m in v["methods"]}}
                       for t, v in d["tasks"].items()},
         }
     return write_manifest(root, manifest["release_id"], manifest["build"], seeds_summary,

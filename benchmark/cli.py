@@ -59,7 +59,11 @@ def _run_build(args: argparse.Namespace) -> int:
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score an estimator against controls and the checklist")
     p.add_argument("estimator", help="path of a .py file with one estimator class")
-    p.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
+    p.add_argument("--release", default=None, help="release id or folder (default: tiny)")
+    p.add_argument("--live", type=int, default=None, metavar="ID",
+                   help="score on live draw ID instead of a release (built here if not cached; "
+                        "see bt-bench live build)")
+    _add_live_scale(p)
     p.add_argument("--out", default="results.json",
                    help="where to write results.json (default: ./results.json)")
     p.add_argument("--seeds", type=int, nargs="+", help="score only these seeds (default: all)")
@@ -70,7 +74,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                    help="skip the causal score (replays training; item 10)")
     _add_isolation_flags(p)
     p.set_defaults(func=lambda a: _evaluate().evaluate_command(
-        a.estimator, a.release, a.out, a.seeds, progress=not a.no_progress,
+        a.estimator, _release_or_live(a), a.out, a.seeds, progress=not a.no_progress,
         no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit,
         causal=not a.no_causal, tasks=a.tasks, requirements=a.requirements))
     c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
@@ -80,6 +84,38 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=lambda a: _evaluate().check_estimator_command(
         a.estimator, a.release, no_isolation=a.no_isolation, time_limit=a.time_limit,
         memory_gib=a.memory_limit, requirements=a.requirements))
+
+
+def _add_live_scale(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--live-scale", default=None, metavar="SCALE",
+                   help="run scale of live draws: family (default) or micro-family (tests)")
+
+
+def _release_or_live(a: argparse.Namespace) -> str:
+    """The release of ``evaluate``: ``--release``, or the folder of ``--live ID`` (built here)."""
+    from benchmark.errors import BenchmarkError
+
+    if a.live is None:
+        return a.release or "tiny"
+    if a.release is not None:
+        raise BenchmarkError(f"--release {a.release} and --live {a.live} name two runs; pass one")
+    from benchmark import live
+
+    return str(live.live_release(a.live, a.live_scale or live.LIVE_SCALE,
+                                 progress=not a.no_progress))
+
+
+def _add_live(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("live", help="live draws: fresh runs from the task family")
+    psub = p.add_subparsers(dest="live_command", required=True)
+    b = psub.add_parser("build", help="build (or find in the cache) live draw ID with its lean "
+                                      "causal reference; print its folder and times")
+    b.add_argument("draw_id", type=int, metavar="ID", help="the draw id, 0 <= ID < 2**31")
+    b.add_argument("--scale", default=None,
+                   help="run scale: family (default) or micro-family (tests)")
+    b.add_argument("--workers", type=int, default=2, help="replay processes (default 2)")
+    b.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    b.set_defaults(func=lambda a: _live().build_command(a))
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
@@ -111,6 +147,11 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="wall-time limit of the estimator's sandbox (default 600)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--live-draw", type=int, default=None, metavar="ID",
+                   help="score on this live draw (default: a draw id chosen at random now)")
+    p.add_argument("--no-live", action="store_true",
+                   help="skip the live draw (tests only: a submission records one)")
+    _add_live_scale(p)
     _add_executor(p)
     p.set_defaults(func=lambda a: _submissions().submit_command(a))
     v = sub.add_parser("verify", help="re-score submissions and compare with their results.json")
@@ -120,6 +161,12 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="wall-time limit of each estimator's sandbox (default 600)")
     v.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    v.add_argument("--live-draw", type=int, default=None, metavar="ID",
+                   help="the live check's draw (default: $BT_BENCH_LIVE_DRAW, else chosen at "
+                        "random by this run and printed first)")
+    v.add_argument("--no-live-check", action="store_true",
+                   help="skip scoring every entry on a new live draw")
+    _add_live_scale(v)
     _add_executor(v)
     v.set_defaults(func=lambda a: _submissions().verify_command(a))
     lb = sub.add_parser("leaderboard", help="regenerate leaderboard/ from submissions/")
@@ -141,6 +188,12 @@ def _add_hub(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repo-id", required=True, help="Hub dataset repo id, e.g. org/bt-bench-tiny")
     p.add_argument("--private", action="store_true", help="create the repo as private")
     p.set_defaults(func=lambda a: _hub().push_command(a))
+
+
+def _live():
+    from benchmark import live
+
+    return live
 
 
 def _hub():
@@ -179,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hub(sub)
     _add_paper(sub)
     _add_build(sub)
+    _add_live(sub)
     return parser
 
 

@@ -622,10 +622,16 @@ def _summary(task: dict, est: str, controls: list[str], causal: dict | None,
 
 
 def _suite(tasks: dict, causal: dict, est: str) -> dict:
-    """Mean over tasks and seeds of the headline (the causal score), with its interval."""
+    """Mean over tasks and seeds of the headline (the causal score), with its interval.
+
+    ``vs_random``: the estimator's causal score minus the random band's top, paired (the same
+    replicates as its score; :func:`benchmark.causal.band_margins`), mean over tasks and seeds.
+    """
     out = {"tasks": list(tasks), "verdicts": {t: v["verdict"] for t, v in tasks.items()}}
     if causal.get("suite"):
         out["causal_score"] = causal["suite"]
+    if causal.get("suite_vs_random"):
+        out["vs_random"] = causal["suite_vs_random"]
     return out
 
 

@@ -358,6 +358,9 @@ def submit(
     progress: bool = True,
     requirements: Iterable[str] | None = None,
     time_limit: float | None = None,
+    live: bool = True,
+    live_draw: int | None = None,
+    live_scale: str | None = None,
 ) -> Path:
     """Evaluate an estimator file and write ``<submissions_dir>/<name>/``.
 
@@ -379,6 +382,10 @@ def submit(
             environment, :mod:`benchmark.requirements`); None reads them from an existing
             ``<submissions_dir>/<name>/submission.yaml`` (none when there is no such file).
         time_limit: wall-time limit of the estimator's sandbox in seconds (default 600).
+        live: also score the entry on a live draw (:mod:`benchmark.live`) and record it under
+            ``results["live"]``; False only in tests.
+        live_draw: the live draw's id (default: chosen at random now, ``secrets``).
+        live_scale: its run scale (default :data:`benchmark.live.LIVE_SCALE`).
 
     Returns:
         The submission folder.
@@ -428,6 +435,9 @@ def submit(
         shutil.copyfile(src, tmp / ESTIMATOR_FILE)
         results = evaluate(tmp / ESTIMATOR_FILE, release, progress=progress, isolation=limits,
                            env=env)
+        if live:
+            results["live"] = _score_live(tmp / ESTIMATOR_FILE, live_draw, live_scale,
+                                          progress, limits, env)
         write_results(results, tmp / RESULTS_FILE)
         (tmp / METADATA_FILE).write_text(_dump_metadata(meta), encoding="utf-8")
         os.chmod(tmp, 0o755)
@@ -442,6 +452,19 @@ def submit(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _score_live(estimator_file: Path, draw_id: int | None, scale: str | None, progress: bool,
+                limits, env) -> dict:
+    """``results["live"]`` of a submission: its scores on one live draw (random unless given)."""
+    from benchmark import live
+
+    scale = scale or live.LIVE_SCALE
+    draw = live.check_draw_id(draw_id) if draw_id is not None else live.new_draw_id()
+    print(f"live draw {draw} ({scale}{', chosen at random' if draw_id is None else ''}): "
+          f"building or finding it, then scoring the entry on it", flush=True)
+    rec = live.score_live(estimator_file, draw, scale, progress, isolation=limits, env=env)
+    return live.live_block(scale, [rec])
 
 
 def _declared_requirements(folder: Path, given: Iterable[str] | None) -> list[str]:
@@ -470,9 +493,15 @@ def submit_command(args: Any) -> int:
         args.estimator, args.name, args.authors, link=args.link, description=args.description,
         release=args.release, submissions_dir=args.submissions_dir, force=args.force,
         progress=not args.no_progress, requirements=args.requirements,
-        time_limit=args.time_limit,
+        time_limit=args.time_limit, live=not args.no_live, live_draw=args.live_draw,
+        live_scale=args.live_scale,
     )
-    print(format_summary(read_json(target / RESULTS_FILE)))
+    results = read_json(target / RESULTS_FILE)
+    print(format_summary(results))
+    if "live" in results:
+        from benchmark.live import format_live
+
+        print(format_live(results))
     print(f"\nwrote {target}/ ({ESTIMATOR_FILE}, {METADATA_FILE}, {RESULTS_FILE})")
     print("next: bt-bench leaderboard, then commit the submission and leaderboard/ in one PR "
           "(see CONTRIBUTING.md)")
@@ -584,7 +613,8 @@ def _compare_arrays(committed: object, recomputed: object, tol: float, path: str
 
 def _is_causal(path: str) -> bool:
     """Whether a results path holds a number computed from training replays."""
-    return any(p in ("causal", "causal_score", "random_band") for p in path.split("."))
+    return any(p in ("causal", "causal_score", "random_band", "vs_random")
+               for p in path.split("."))
 
 
 def _item_label(a: object, b: object, i: int) -> str:
@@ -615,11 +645,15 @@ class VerifyReport:
     ignored: list[Drift] = field(default_factory=list)
     error: str | None = None
     fix: str | None = None
+    #: the live check (:func:`benchmark.live.live_gate`) on the run's new draw: ``{"draw_id",
+    #: "scale", "ok", "reason", "reproduce"}``; None when it did not run
+    live_check: dict | None = None
 
     @property
     def ok(self) -> bool:
-        """True when nothing but the ignored keys differs."""
-        return not self.drifts and not self.code_changed and self.error is None
+        """True when nothing but the ignored keys differs and the live check did not fail."""
+        return (not self.drifts and not self.code_changed and self.error is None
+                and (self.live_check is None or bool(self.live_check["ok"])))
 
     def format(self) -> str:
         """A readable report: ``ok`` or the reasons it failed, one per line."""
@@ -643,12 +677,20 @@ class VerifyReport:
             lines.append(f"  ... and {len(self.drifts) - MAX_DRIFT_LINES} more")
         for d in self.ignored:
             lines.append(f"  note (not checked, machine-specific): {d}")
+        lc = self.live_check
+        if lc is not None:
+            head = (f"live check on draw {lc['draw_id']} ({lc['scale']}): "
+                    + ("ok" if lc["ok"] else "FAILED"))
+            lines.append(f"  {head}: {lc['reason']}")
+            if not lc["ok"]:
+                lines.append(f"  reproduce: {lc['reproduce']}")
         return "\n".join(lines)
 
 
 def verify_submission(path: str | Path, release: str | Path | None = None,
                       progress: bool = True, *, time_limit: float | None = None,
-                      envs: dict | None = None) -> VerifyReport:
+                      envs: dict | None = None, live_draw: int | None = None,
+                      live_scale: str | None = None) -> VerifyReport:
     """Re-score one submission and compare with its committed ``results.json``.
 
     The estimator is re-evaluated with the standard :class:`~benchmark.evaluate.EvalSettings`
@@ -657,6 +699,14 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     installed first into their own environment (:func:`benchmark.requirements.ensure_env`),
     whose interpreter runs the estimator.
 
+    Live draws (:mod:`benchmark.live`): every draw recorded under ``results["live"]`` is rebuilt
+    here (or found in the cache) and re-scored, and compared like the rest; where this machine
+    trained another run from the draw's id (its ``run_sha256`` differs: another CPU), that
+    draw's numbers cannot be reproduced here and are reported as a note, not a failure. With
+    ``live_draw``, the entry is also scored on that new draw and fails when its public suite
+    score is significantly above the random band but its live one is not
+    (:func:`benchmark.live.live_gate`, with :data:`benchmark.causal.CROSS_MACHINE_TOLERANCE`).
+
     Args:
         path: the submission folder.
         release: score on this release instead of the recorded one.
@@ -664,6 +714,8 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         time_limit: wall-time limit of the estimator's sandbox in seconds (default 600).
         envs: a cache ``tuple(pins) -> environment or RequirementError`` shared by the
             submissions of one ``verify`` (each distinct set is installed once).
+        live_draw: the live check's draw id (None: no live check).
+        live_scale: its run scale (default :data:`benchmark.live.LIVE_SCALE`).
 
     Returns:
         The report; it is ``ok`` when every value matches (floats within
@@ -696,15 +748,102 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         report.error = f"re-evaluation failed: {exc}"
         report.fix = _failure_fix(sub, str(exc))
         return report
+    if "live" in committed:
+        fresh["live"] = _rescore_live(sub, committed["live"], progress, limits, env, report)
+        if report.error:
+            return report
     # compare after the same rounding and JSON encoding the committed file went through
     with tempfile.TemporaryDirectory(prefix="bt-bench-verify-") as tmp:
         write_results(fresh, Path(tmp) / RESULTS_FILE)
         recomputed = read_json(Path(tmp) / RESULTS_FILE)
+    other_runs = _other_runs(committed.get("live"), recomputed.get("live"))
+    for i, (was, now) in sorted(other_runs.items()):
+        report.ignored.append(Drift(
+            f"live.draws.{i}.run_sha256 (this machine trained another run from draw "
+            f"{committed['live']['draws'][i].get('draw_id')}; its numbers are not compared)",
+            was, now))
     for d in sorted(compare_results(committed, recomputed), key=_report_order):
         top, leaf = d.path.split(".", 1)[0], d.path.rsplit(".", 1)[-1]
-        ignored = top in IGNORED_KEYS or leaf in IGNORED_LEAVES
+        parts = d.path.split(".")
+        if top == "live" and len(parts) > 2 and parts[2] in {str(i) for i in other_runs}:
+            continue  # another run: reported once above
+        ignored = top in IGNORED_KEYS or leaf in IGNORED_LEAVES or (
+            top == "live" and leaf == "manifest_sha256")  # names the build machine too
         (report.ignored if ignored else report.drifts).append(d)
+    if live_draw is not None:
+        _live_check(sub, fresh, live_draw, live_scale, progress, limits, env, report)
     return report
+
+
+def _rescore_live(sub: Submission, recorded: object, progress: bool, limits, env,
+                  report: VerifyReport) -> dict | None:
+    """The submission's recorded live draws re-scored here (errors go to ``report``)."""
+    from benchmark import live
+    from benchmark.build.family import FAMILY_VERSION
+
+    where = sub.path / RESULTS_FILE
+    try:
+        scale, draws = recorded["scale"], [int(d["draw_id"]) for d in recorded["draws"]]
+        version = recorded["family_version"]
+    except (TypeError, KeyError, ValueError):
+        report.error = (f"{where}: live is not a live-draw record ({{'family_version', 'scale', "
+                        "'draws': [{'draw_id', ...}]}})")
+        report.fix = "regenerate it with bt-bench submit FILE --name NAME --force"
+        return None
+    if version != FAMILY_VERSION:
+        report.error = (f"{where}: its live draws come from task family {version}; this bt-bench "
+                        f"draws family {FAMILY_VERSION}, where the same ids are other runs")
+        report.fix = ("re-score the submission: bt-bench submit FILE --name NAME --force (or "
+                      "python scripts/rescore_submissions.py NAME)")
+        return None
+    out = []
+    for d in draws:
+        try:
+            out.append(live.score_live(sub.estimator_file, d, scale, progress, isolation=limits,
+                                       env=env))
+        except BenchmarkError as exc:
+            report.error = f"re-scoring live draw {d} ({scale}) failed: {exc}"
+            report.fix = _failure_fix(sub, str(exc))
+            return None
+    return live.live_block(scale, out)
+
+
+def _other_runs(committed: object, recomputed: object) -> dict[int, tuple[str, str]]:
+    """Recorded live draws this machine rebuilt as another run: index -> (recorded, here)."""
+    if not isinstance(committed, dict) or not isinstance(recomputed, dict):
+        return {}
+    out = {}
+    for i, (a, b) in enumerate(zip(committed.get("draws", []), recomputed.get("draws", []),
+                                   strict=False)):
+        if isinstance(a, dict) and a.get("run_sha256") != b.get("run_sha256"):
+            out[i] = (a.get("run_sha256"), b.get("run_sha256"))
+    return out
+
+
+def _live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, progress: bool,
+                limits, env, report: VerifyReport) -> None:
+    """Score ``sub`` on live draw ``draw_id`` and apply :func:`benchmark.live.live_gate`."""
+    from benchmark import live
+    from benchmark.causal import CROSS_MACHINE_TOLERANCE
+
+    scale = scale or live.LIVE_SCALE
+    cmd = f"bt-bench verify {sub.path} --live-draw {draw_id}" + (
+        f" --live-scale {scale}" if scale != live.LIVE_SCALE else "")
+    check = {"draw_id": int(draw_id), "scale": scale, "reproduce": cmd}
+    est = fresh["estimator"]["name"]
+    try:
+        rec = live.score_live(sub.estimator_file, draw_id, scale, progress, isolation=limits,
+                              env=env)
+    except BenchmarkError as exc:
+        report.live_check = check | {"ok": False,
+                                     "reason": f"{est}: scoring on the live draw failed: {exc}"}
+        return
+    ok, reason = live.live_gate(fresh["suite"], rec["suite"], est, CROSS_MACHINE_TOLERANCE)
+    report.live_check = check | {"ok": ok, "reason": reason}
+    if not ok and report.fix is None:
+        report.fix = ("the entry's public score does not carry over to a run it has not seen: "
+                      "run the reproduce command, and make the estimator attribute from the run "
+                      "it is given (public labels or references do not transfer).")
 
 
 def _submission_env(sub: Submission, envs: dict, report: VerifyReport):
@@ -745,26 +884,65 @@ def _failure_fix(sub: Submission, message: str) -> str:
 
 def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Path = "submissions",
            release: str | Path | None = None, progress: bool = True,
-           time_limit: float | None = None) -> list[VerifyReport]:
+           time_limit: float | None = None, live_check: bool = True,
+           live_draw: int | None = None, live_scale: str | None = None) -> list[VerifyReport]:
     """Verify the given submission folders, or every one under ``submissions_dir``.
 
-    Each distinct set of declared requirements is installed once (and cached across runs).
+    Each distinct set of declared requirements is installed once (and cached across runs); each
+    distinct recorded live draw is built once (grouped before scoring; cached across runs).
+    With ``live_check``, every entry is also scored on one new live draw: ``live_draw``, else
+    ``$BT_BENCH_LIVE_DRAW``, else an id chosen now (:func:`benchmark.live.gate_draw_id`),
+    printed before anything is scored so that a failure can be reproduced.
     """
+    from benchmark import live
+    from benchmark.sandbox import require_sandbox
+
+    require_sandbox("bt-bench verify")  # before a live draw is built
     folders = [Path(p) for p in paths] if paths else find_submissions(submissions_dir)
     if not folders:
         raise SubmissionError(
             f"{submissions_dir}: no submissions found; create one with bt-bench submit FILE "
             "--name NAME --authors NAME."
         )
+    loaded = [load_submission(f) for f in folders]  # refuse a malformed one before any build
+    scale = live_scale or live.LIVE_SCALE
+    gate = None
+    if live_check:
+        gate, source = live.gate_draw_id(live_draw)
+        print(f"live check: every entry is also scored on live draw {gate} ({scale}; "
+              f"{source}); reproduce with --live-draw {gate} or {live.LIVE_DRAW_ENV}={gate}",
+              flush=True)
+    for d_scale, d in _recorded_draws(loaded) + ([(scale, gate)] if gate is not None else []):
+        try:  # each draw once, before any entry is scored on it
+            live.live_release(d, d_scale, progress=progress)
+        except BenchmarkError:
+            pass  # reported by the entries that need it
     envs: dict = {}
-    return [verify_submission(f, release, progress, time_limit=time_limit, envs=envs)
+    return [verify_submission(f, release, progress, time_limit=time_limit, envs=envs,
+                              live_draw=gate, live_scale=scale)
             for f in folders]
+
+
+def _recorded_draws(subs: list[Submission]) -> list[tuple[str, int]]:
+    """The distinct ``(scale, draw_id)`` recorded by the submissions' live blocks, sorted."""
+    from benchmark.build.family import FAMILY_VERSION
+
+    out = set()
+    for sub in subs:
+        rec = sub.results.get("live")
+        try:
+            if rec and rec.get("family_version") == FAMILY_VERSION:
+                out |= {(str(rec["scale"]), int(d["draw_id"])) for d in rec["draws"]}
+        except (TypeError, KeyError, ValueError, AttributeError):
+            continue  # verify_submission reports it
+    return sorted(out)
 
 
 def verify_command(args: Any) -> int:
     """``bt-bench verify``: print one report per submission; exit 1 if any failed, else 0."""
     reports = verify(args.paths, args.submissions_dir, args.release, not args.no_progress,
-                     time_limit=args.time_limit)
+                     time_limit=args.time_limit, live_check=not args.no_live_check,
+                     live_draw=args.live_draw, live_scale=args.live_scale)
     for r in reports:
         print(r.format())
     bad = [r for r in reports if not r.ok]

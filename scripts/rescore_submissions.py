@@ -7,7 +7,10 @@ control's submission is re-scored from the control's current file in ``estimator
 This is that loop; afterwards run ``bt-bench leaderboard`` and commit ``submissions/`` and
 ``leaderboard/`` together.
 
-    python scripts/rescore_submissions.py [NAME ...] [--release tiny]
+    python scripts/rescore_submissions.py [NAME ...] [--release tiny] [--live-draw ID]
+
+Every entry is also scored on one live draw (``benchmark.live``): ``--live-draw ID``, else one id
+chosen at random for the whole run (printed), so the entries share it and it is built once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchmark.evaluate import control_files
+from benchmark.live import new_draw_id
 from benchmark.submissions import find_submissions, load_submission, submit
 
 
@@ -28,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*", help="submission names (default: every submission)")
     p.add_argument("--release", default="tiny")
     p.add_argument("--submissions-dir", default="submissions")
+    p.add_argument("--live-draw", type=int, default=None, help="the live draw (default: random)")
+    p.add_argument("--live-scale", default=None, help="family (default) or micro-family")
+    p.add_argument("--no-live", action="store_true", help="record no live draw")
     args = p.parse_args(argv)
+    draw = args.live_draw if args.live_draw is not None else new_draw_id()
+    if not args.no_live:
+        print(f"live draw {draw} for every entry", flush=True)
     root = Path(args.submissions_dir)
     folders = [f for f in find_submissions(root) if not args.names or f.name in args.names]
     for folder in folders:
@@ -46,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             submit(src, sub.name, meta["authors"], link=meta.get("link"),
                    description=meta.get("description"), release=args.release,
                    submissions_dir=root, force=True, progress=False,
-                   requirements=meta.get("requirements", []))
+                   requirements=meta.get("requirements", []), live=not args.no_live,
+                   live_draw=draw, live_scale=args.live_scale)
         print(f"{sub.name}: re-scored in {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

@@ -1053,9 +1053,10 @@ def test_new_submission_appears_in_markdown_json_html_and_figures(micro_release,
     est.write_text(NEW_ESTIMATOR)
     subs = tmp_path / "submissions"
     submit(ROOT / "estimators" / "gas.py", "gas", ["bt-bench"], release=micro_release,
-           submissions_dir=subs, progress=False)
+           submissions_dir=subs, progress=False, live=False)
     rc = main(["submit", str(est), "--name", "early-cosine", "--authors", "New Person",
-               "--release", str(micro_release), "--submissions-dir", str(subs), "--no-progress"])
+               "--release", str(micro_release), "--submissions-dir", str(subs), "--no-progress",
+               "--no-live"])
     assert rc == 0
     out = tmp_path / "leaderboard"
     assert main(["leaderboard", "--submissions-dir", str(subs), "--out", str(out)]) == 0

@@ -36,10 +36,10 @@ def subs(micro_causal, tmp_path_factory) -> Path:
     rc = main(["submit", str(EXAMPLE), "--name", "in-context-cosine", "--authors", "Ada Lovelace",
                "Alan Turing", "--link", "https://example.org/paper", "--description",
                "cosine with the in-context target", "--release", str(micro_causal),
-               "--submissions-dir", str(root), "--no-progress"])
+               "--submissions-dir", str(root), "--no-progress", "--no-live"])
     assert rc == 0
     submit(ROOT / "estimators" / "controls" / "random.py", "random", ["bt-bench"],
-           release=micro_causal, submissions_dir=root, progress=False)
+           release=micro_causal, submissions_dir=root, progress=False, live=False)
     return root
 
 
@@ -82,10 +82,10 @@ def test_submit_refuses_to_overwrite_without_force(subs, micro_release):
 def test_submit_force_replaces(micro_release, tmp_path):
     root = tmp_path / "submissions"
     first = submit(EXAMPLE, "mine", ["A"], release=micro_release, submissions_dir=root,
-                   progress=False)
+                   progress=False, live=False)
     (first / "stray.txt").write_text("left over")
     submit(EXAMPLE, "mine", ["B"], release=micro_release, submissions_dir=root, force=True,
-           progress=False)
+           progress=False, live=False)
     assert load_submission(root / "mine").meta["authors"] == ["B"]
     assert not (root / "mine" / "stray.txt").exists()
     assert [p.name for p in root.iterdir()] == ["mine"]
@@ -225,7 +225,7 @@ def test_underscore_folders_are_not_submissions(tmp_path):
 
 def test_verify_passes_on_an_untouched_submission(subs, micro_causal, capsys):
     rc = main(["verify", str(subs / "in-context-cosine"), str(subs / "random"), "--release",
-               str(micro_causal), "--no-progress"])
+               str(micro_causal), "--no-progress", "--no-live-check"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "in-context-cosine: ok" in out and "2 of 2 submission(s) reproduced." in out
@@ -253,7 +253,8 @@ def test_verify_fails_naming_the_metric_when_results_are_edited(subs, micro_caus
     task["checklist"][0]["per"]["0"]["reason"] = "a different explanation"  # never compared
     res["packages"]["numpy"] = "0.0.0"  # machine-specific: reported, never a failure
     (sub / "results.json").write_text(json.dumps(res, indent=2, sort_keys=True))
-    rc = main(["verify", str(sub), "--release", str(micro_causal), "--no-progress"])
+    rc = main(["verify", str(sub), "--release", str(micro_causal), "--no-progress",
+               "--no-live-check"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "FAILED (2 values differ)" in out

@@ -1,0 +1,316 @@
+"""Live draws (issue 23) at the micro-family scale: the cached build, evaluate --live, submit's
+live block, verify's re-scoring and live check, and the gate and suite margin as pure functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmark import live as L
+from benchmark.causal import CROSS_MACHINE_TOLERANCE, band_margins, mean_over_seeds
+from benchmark.cli import main
+from benchmark.errors import BuildError
+
+ROOT = Path(__file__).resolve().parents[1]
+GAS = ROOT / "estimators" / "gas.py"
+SCALE = "micro-family"
+DRAW = 5
+
+
+# ---------------------------------------------------------------------------- pure functions
+def _iv(point: float, lo: float, hi: float) -> dict:
+    return {"point": point, "lo": lo, "hi": hi}
+
+
+@pytest.mark.parametrize("public, live, ok, says", [
+    # public clearly above the band (lo 0.05 > 0.01), live too (lo 0.02 > 0.01): kept
+    (_iv(0.30, 0.05, 0.55), _iv(0.20, 0.02, 0.38), True, "on the live draw"),
+    # public above, live lower end exactly at the tolerance: not significantly above -> fail
+    (_iv(0.30, 0.05, 0.55), _iv(0.15, 0.01, 0.29), False, "does not carry over"),
+    # public above, live in the band (a memorizer: 0.46 public, -0.02 live): fail
+    (_iv(0.46, 0.40, 0.52), _iv(-0.02, -0.20, 0.15), False, "does not carry over"),
+    # public lower end 0.01 is not > 0.01: nothing claimed, live irrelevant
+    (_iv(0.20, 0.01, 0.40), _iv(-0.50, -0.60, -0.40), True, "nothing claimed"),
+    # public below the band: nothing claimed
+    (_iv(-0.10, -0.30, 0.05), _iv(0.30, 0.10, 0.50), True, "nothing claimed"),
+    # no public margin (no causal score), or no live margin (no bonus effect): not decided
+    (None, _iv(0.3, 0.1, 0.5), True, "no public causal score"),
+    (_iv(0.30, 0.05, 0.55), None, True, "gives no causal score"),
+])
+def test_live_gate_table(public, live, ok, says):
+    pub = {} if public is None else {"vs_random": public}
+    liv = {} if live is None else {"vs_random": live}
+    got, reason = L.live_gate(pub, liv, "est", CROSS_MACHINE_TOLERANCE)
+    assert got is ok and says in reason and reason.startswith("est: ")
+    if public is not None and live is not None and not ok:
+        assert f"{public['point']:+.3f}" in reason and f"[{live['lo']:+.3f}," in reason
+
+
+def test_band_margins_pair_the_estimator_with_each_band_top_and_average():
+    """Hand computation: two tasks, task a on seeds 1 and 2 (band tops 0.1, 0.3), task b on seed
+    1 with no bonus effect (no methods: skipped). Margins (point, replicates) minus each top;
+    the suite margin is their mean: point ((0.5-0.1) + (0.2-0.3)) / 2 = 0.15, replicates
+    ([0.4, 0.6] - 0.1 + [0.1, 0.3] - 0.3) / 2 = [0.05, 0.25]."""
+    blk = {"methods": {"e": {}}}
+    tasks = {"a": {"per_seed": {"2": blk | {"random_band": {"hi": 0.3}},
+                                "1": blk | {"random_band": {"hi": 0.1}}}},
+             "b": {"per_seed": {"1": {"methods": {}}}}}
+    samples = {"a": {"e": [(0.5, np.array([0.4, 0.6])), (0.2, np.array([0.1, 0.3]))]}}
+    m = band_margins(tasks, samples, "e")
+    assert [p for p, _ in m] == pytest.approx([0.4, -0.1])
+    np.testing.assert_allclose(m[0][1], [0.3, 0.5])
+    np.testing.assert_allclose(m[1][1], [-0.2, 0.0])
+    s = mean_over_seeds([p for p, _ in m], [r for _, r in m], level=0.5)
+    assert s["point"] == pytest.approx(0.15)
+    # the 25th and 75th percentiles of [0.05, 0.25] (linear interpolation)
+    assert (s["lo"], s["hi"]) == pytest.approx((0.1, 0.2))
+
+
+def test_draw_ids_are_checked_and_pinned_by_flag_then_environment(monkeypatch):
+    assert L.check_draw_id(7) == 7 == L.check_draw_id("7") == L.check_draw_id(np.int64(7))
+    for bad in (-1, 2**31, "x", 1.5, True, None):
+        with pytest.raises(BuildError, match=r"live draw id .* expected an integer in "):
+            L.check_draw_id(bad)
+    monkeypatch.setenv(L.LIVE_DRAW_ENV, "11")
+    assert L.gate_draw_id(3) == (3, "--live-draw")
+    assert L.gate_draw_id() == (11, "$BT_BENCH_LIVE_DRAW")
+    monkeypatch.delenv(L.LIVE_DRAW_ENV)
+    d, source = L.gate_draw_id()
+    assert 0 <= d < 2**31 and source == "chosen by this run"
+    assert L.live_dir(7, SCALE).parts[-2:] == ("live", "micro-family-draw7")
+
+
+# ---------------------------------------------------------------------------- the build
+@pytest.fixture(scope="module")
+def live5() -> Path:
+    return L.live_release(DRAW, SCALE, progress=False)
+
+
+def test_live_release_is_a_release_with_a_lean_reference(live5):
+    from benchmark.build.family import FAMILY_VERSION, draw_config
+    from benchmark.release import load_release
+
+    assert live5 == L.live_dir(DRAW, SCALE) and L.cached_release(DRAW, SCALE) == live5
+    rel = load_release(live5)
+    fam = rel.manifest["build"]["family"]
+    assert (fam["draw_id"], fam["version"], fam["scale"]) == (DRAW, FAMILY_VERSION, SCALE)
+    assert "build_seconds" not in fam
+    assert all("timings_s" not in s for s in rel.manifest["seeds"].values())
+    (seed,) = rel.seeds
+    assert seed == draw_config(DRAW, scale=SCALE).seed
+    ref = json.loads((live5 / f"seed{seed}" / "causal.json").read_text())
+    assert ref["lean"] is True and ref["n_random"] == L.LIVE_N_RANDOM
+    assert "exact_replay" not in ref and "seconds" not in ref
+    for t in rel.tasks:
+        assert "provenance" not in ref["tasks"][t]["methods"]
+        assert {"oracle", "norm-only", "step-order", "text-only"} <= set(ref["tasks"][t]["methods"])
+        assert all(len(lvl["sets"]) == L.LIVE_N_RANDOM for lvl in ref["tasks"][t]["random"])
+    t = L.live_timings(live5)
+    assert t["draw_id"] == DRAW and t["build_seconds"] > 0 and t["reference_seconds"] > 0
+    assert set(t["build_phases_seconds"][str(seed)]) >= {"sft", "grpo"}
+    assert not list(live5.parent.glob(".*tmp*"))
+
+
+def test_same_id_reuses_the_cache_and_rebuilds_the_same_run(live5, monkeypatch, tmp_path):
+    import shutil
+
+    from benchmark.release import MANIFEST
+
+    sha = _sha(live5 / MANIFEST)
+    run = L.run_sha256(json.loads((live5 / MANIFEST).read_text()))
+
+    def no_build(*a, **k):
+        raise AssertionError("a cached draw was rebuilt")
+
+    with monkeypatch.context() as m:
+        m.setattr("benchmark.build.family.build_draw", no_build)
+        assert L.live_release(DRAW, SCALE, progress=False) == live5
+    # a cached copy that no longer verifies is not reused; the rebuild is the same run, with
+    # the same manifest bytes (times are kept in live.json, outside the manifest)
+    keep = tmp_path / "keep"
+    shutil.copytree(live5, keep)
+    try:
+        with open(next(live5.glob("seed*/causal.json")), "a") as f:
+            f.write(" ")
+        assert L.cached_release(DRAW, SCALE) is None
+        # a temporary folder left by a killed build of this draw is removed by the next build
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = live5.parent / f".{live5.name}.tmp-{dead.pid}-0000"
+        stale.mkdir()
+        assert L.live_release(DRAW, SCALE, progress=False) == live5
+        assert _sha(live5 / MANIFEST) == sha
+        assert L.run_sha256(json.loads((live5 / MANIFEST).read_text())) == run
+        assert not stale.exists()
+    finally:  # put the first build back (the replay store is keyed by its manifest)
+        shutil.rmtree(live5)
+        shutil.copytree(keep, live5)
+
+
+def test_interrupted_build_leaves_no_cache_entry(monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("benchmark.causal_reference.reference", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        L.live_release(8, SCALE, progress=False)
+    final = L.live_dir(8, SCALE)
+    assert not final.exists() and L.cached_release(8, SCALE) is None
+    assert not list(final.parent.glob(f".{final.name}*"))
+
+
+def test_live_build_cli_prints_the_folder_and_times(live5, capsys):
+    assert main(["live", "build", str(DRAW), "--scale", SCALE, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert str(live5) in out and "found in the cache" in out
+    with pytest.raises(SystemExit):
+        main(["live"])
+    assert main(["live", "build", "7", "--scale", "huge"]) == 2
+    assert "is not a family scale" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- scoring
+def test_evaluate_live_is_evaluate_on_the_draws_release(live5, tmp_path):
+    from benchmark.evaluate import evaluate, write_results
+
+    out = tmp_path / "r.json"
+    assert main(["evaluate", str(GAS), "--live", str(DRAW), "--live-scale", SCALE, "--out",
+                 str(out), "--no-progress"]) == 0
+    res = json.loads(out.read_text())
+    assert res["release"]["id"] == f"{SCALE}-draw{DRAW}"
+    est = res["estimator"]["name"]
+    cs = res["suite"]["causal_score"][est]
+    vr = res["suite"]["vs_random"]
+    assert cs["lo"] <= cs["point"] <= cs["hi"] and vr["lo"] <= vr["point"] <= vr["hi"]
+    # the margin is the score minus the band's top (one seed; tasks with a bonus effect)
+    tops = [b["random_band"]["hi"] for t in res["tasks"].values()
+            for b in t["causal"].get("per_seed", {}).values() if b.get("methods")]
+    assert vr["point"] == pytest.approx(cs["point"] - np.mean(tops), abs=1e-9)
+    # byte-identical to evaluating the cached release folder
+    again = tmp_path / "again.json"
+    write_results(evaluate(GAS, live5, progress=False), again)
+    assert again.read_bytes() == out.read_bytes()
+    assert main(["evaluate", str(GAS), "--live", "5", "--release", "tiny"]) == 2
+
+
+@pytest.fixture(scope="module")
+def live_sub(micro_causal, live5, tmp_path_factory) -> Path:
+    """GAS submitted through the CLI on the micro release with live draw 5 pinned."""
+    root = tmp_path_factory.mktemp("live_subs") / "submissions"
+    assert main(["submit", str(GAS), "--name", "gas", "--authors", "A", "--release",
+                 str(micro_causal), "--submissions-dir", str(root), "--no-progress",
+                 "--live-draw", str(DRAW), "--live-scale", SCALE]) == 0
+    return root / "gas"
+
+
+def test_submit_records_the_live_draw(live_sub, live5):
+    from benchmark.build.family import FAMILY_VERSION
+    from benchmark.release import MANIFEST
+
+    res = json.loads((live_sub / "results.json").read_text())
+    rec = res["live"]
+    assert (rec["family_version"], rec["scale"]) == (FAMILY_VERSION, SCALE)
+    (d,) = rec["draws"]
+    assert set(d) == {"draw_id", "run_sha256", "release", "suite", "verdict"}
+    assert d["draw_id"] == DRAW and d["release"]["id"] == f"{SCALE}-draw{DRAW}"
+    assert d["release"]["manifest_sha256"] == _sha(live5 / MANIFEST)
+    assert d["run_sha256"] == L.run_sha256(json.loads((live5 / MANIFEST).read_text()))
+    assert res["estimator"]["name"] in d["suite"]["causal_score"]
+    assert "vs_random" in d["suite"] and "vs_random" in res["suite"]
+    assert d["verdict"] in ("pass", "fail", "inconclusive")
+
+
+def test_verify_rescores_the_recorded_draw_and_runs_the_live_check(live_sub, micro_causal,
+                                                                  capsys):
+    from benchmark.evaluate import evaluate
+    from benchmark.submissions import verify_submission
+
+    os.environ.pop(L.LIVE_DRAW_ENV, None)
+    rc = main(["verify", str(live_sub), "--release", str(micro_causal), "--no-progress",
+               "--live-draw", "6", "--live-scale", SCALE])
+    out = capsys.readouterr().out
+    assert out.startswith("live check: every entry is also scored on live draw 6 "
+                          "(micro-family; --live-draw)")
+    # the public numbers and the recorded draw 5 are reproduced: nothing differs
+    assert "differ" not in out and "note" not in out, out
+    # the live check's verdict is live_gate's on the public suite and draw 6's
+    res = json.loads((live_sub / "results.json").read_text())
+    est = res["estimator"]["name"]
+    live6 = evaluate(GAS, L.live_dir(6, SCALE), progress=False)
+    ok, reason = L.live_gate(res["suite"], live6["suite"], est, CROSS_MACHINE_TOLERANCE)
+    verdict = "ok" if ok else "FAILED"
+    assert f"live check on draw 6 (micro-family): {verdict}: {reason}" in out
+    assert rc == (0 if ok else 1)
+    if not ok:
+        assert (f"reproduce: bt-bench verify {live_sub} --live-draw 6 --live-scale micro-family"
+                in out)
+    # an edited live number is found like any other (no live check here)
+    import shutil
+
+    res["live"]["draws"][0]["suite"]["causal_score"][est]["point"] += 0.5
+    edited = live_sub.parent.parent / "edited" / "gas"
+    shutil.copytree(live_sub, edited)
+    (edited / "results.json").write_text(json.dumps(res))
+    bad = verify_submission(edited, micro_causal, progress=False)
+    assert bad.live_check is None
+    assert [d.path for d in bad.drifts] == [f"live.draws.0.suite.causal_score.{est}.point"]
+    print(out)
+
+
+MEMORIZER = """
+import numpy as np
+
+from estimators.base import BaseEstimator
+
+SCORES = {scores!r}  # (seed, task) -> GAS's rollout scores on the public run, memorized
+
+
+class Memorizer(BaseEstimator):
+    name = "memorizer"
+
+    def score_rollouts(self, view):
+        key = (view.seed, view.behavior.id)
+        if view.granularity == "rollout" and len(SCORES.get(key, ())) == view.n:
+            return np.asarray(SCORES[key], np.float64)
+        return np.zeros(view.n)
+"""
+
+
+def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro_causal,
+                                                                tmp_path):
+    """An entry that returns answers memorized from the public release (here GAS's own rollout
+    scores there; the micro release's group labels score below its random band) keeps its
+    public score and falls to the random band on a live draw: the live check fails it, naming
+    the draw and the command that reproduces it."""
+    from benchmark.contract import load_estimator_file
+    from benchmark.data import load_seed
+    from benchmark.release import load_release
+    from benchmark.submissions import submit, verify_submission
+
+    rel = load_release(micro_causal)
+    gas = load_estimator_file(GAS).instantiate()
+    scores = {(s, t): [float(x) for x in gas.score_rollouts(td.rollout_view)]
+              for s in rel.seeds for t, td in load_seed(rel, s, "gradient").items()}
+    est = tmp_path / "memorizer.py"
+    est.write_text(MEMORIZER.format(scores=scores))
+    sub = submit(est, "memorizer", ["A"], release=micro_causal,
+                 submissions_dir=tmp_path / "submissions", progress=False, live=False)
+    report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
+    assert not report.drifts and report.error is None and not report.ok
+    lc = report.live_check
+    assert lc["ok"] is False and lc["draw_id"] == 6
+    assert "significantly above the random band on the public release" in lc["reason"]
+    text = report.format()
+    assert "live check on draw 6 (micro-family): FAILED" in text
+    assert f"reproduce: bt-bench verify {sub} --live-draw 6 --live-scale micro-family" in text
+
+
+def _sha(p: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(p.read_bytes()).hexdigest()
