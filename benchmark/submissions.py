@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmark.checklist import with_live_item
 from benchmark.errors import BenchmarkError, InputFileError
 from benchmark.requirements import RequirementError, parse_requirements
 from benchmark.untrusted import unsafe_characters
@@ -322,10 +323,9 @@ ATTACK_CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "c
 
 
 def _control_kind(estimator_file: Path, est_name: str) -> str:
-    """``control`` when the file is one of the evaluator's control files or an attack control
-    (``estimators/controls/attacks/*.py``), else ``estimator``.
+    """``control`` for an evaluator's control file or an attack control, else ``estimator``.
 
-    An estimator may not take a control's name: the evaluator keys methods by name, so the
+    Attack controls are the files of :data:`ATTACK_CONTROLS_DIR`. An estimator may not take a control's name: the evaluator keys methods by name, so the
     control would shadow it.
     """
     from benchmark.contract import file_sha256
@@ -438,6 +438,7 @@ def submit(
         if live:
             results["live"] = _score_live(tmp / ESTIMATOR_FILE, live_draw, live_scale,
                                           progress, limits, env)
+            results = with_live_item(results)  # checklist item 11; the verdict counts it
         write_results(results, tmp / RESULTS_FILE)
         (tmp / METADATA_FILE).write_text(_dump_metadata(meta), encoding="utf-8")
         os.chmod(tmp, 0o755)
@@ -752,6 +753,7 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         fresh["live"] = _rescore_live(sub, committed["live"], progress, limits, env, report)
         if report.error:
             return report
+        fresh = with_live_item(fresh)
     # compare after the same rounding and JSON encoding the committed file went through
     with tempfile.TemporaryDirectory(prefix="bt-bench-verify-") as tmp:
         write_results(fresh, Path(tmp) / RESULTS_FILE)

@@ -21,9 +21,10 @@ The labels are stored compactly: per view, the packed bits (``numpy.packbits``) 
 the whole table JSON-encoded, zlib-compressed and base64-encoded into one string literal.
 The same release gives the same bytes.
 
-Score ``OUT_DIR`` with ``bt-bench evaluate OUT_DIR/estimator.py --release RELEASE --out
-OUT_DIR/results.json`` (``bt-bench submit`` would set ``kind: estimator``: it marks as controls
-only the evaluator's own control files).
+The shipped one is ``estimators/controls/attacks/memorizer.py`` (made from ``releases/tiny``):
+an attack control, so ``bt-bench submit estimators/controls/attacks/memorizer.py --name
+memorizer`` records it as ``kind: control`` (``benchmark.submissions.ATTACK_CONTROLS_DIR``);
+regenerate it, and re-score its submission, whenever the shipped release changes.
 """
 
 from __future__ import annotations

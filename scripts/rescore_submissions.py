@@ -24,7 +24,12 @@ from pathlib import Path
 
 from benchmark.evaluate import control_files
 from benchmark.live import new_draw_id
-from benchmark.submissions import find_submissions, load_submission, submit
+from benchmark.submissions import (
+    ATTACK_CONTROLS_DIR,
+    find_submissions,
+    load_submission,
+    submit,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         # folder is replaced as a whole.
         with tempfile.TemporaryDirectory() as d:
             src = Path(d) / "estimator.py"
-            # a control's submission is the control's file: take the current one
-            control = control_files("open").get(sub.name) if meta.get("kind") == "control" \
-                else None
+            # a control's submission is the control's file (an attack control's under
+            # estimators/controls/attacks/, named as the submission): take the current one
+            attack = ATTACK_CONTROLS_DIR / f"{sub.name}.py"
+            control = (control_files("open").get(sub.name)
+                       or (attack if attack.is_file() else None)) \
+                if meta.get("kind") == "control" else None
             shutil.copyfile(control or sub.estimator_file, src)
             submit(src, sub.name, meta["authors"], link=meta.get("link"),
                    description=meta.get("description"), release=args.release,

@@ -223,6 +223,14 @@ def test_submit_records_the_live_draw(live_sub, live5):
     assert res["estimator"]["name"] in d["suite"]["causal_score"]
     assert "vs_random" in d["suite"] and "vs_random" in res["suite"]
     assert d["verdict"] in ("pass", "fail", "inconclusive")
+    # checklist item 11 is recorded from these numbers and counts in the overall verdict
+    from benchmark.checklist import live_item, results_verdict
+
+    item = rec["item"]
+    assert (item["item"], item["key"]) == (11, "live")
+    want = live_item(res["suite"], rec["draws"], res["estimator"]["name"])
+    assert item["verdict"] == want["verdict"]
+    assert res["verdict"] == results_verdict(res)
 
 
 def test_verify_rescores_the_recorded_draw_and_runs_the_live_check(live_sub, micro_causal,
