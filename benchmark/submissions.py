@@ -325,8 +325,8 @@ ATTACK_CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "c
 def _control_kind(estimator_file: Path, est_name: str) -> str:
     """``control`` for an evaluator's control file or an attack control, else ``estimator``.
 
-    Attack controls are the files of :data:`ATTACK_CONTROLS_DIR`. An estimator may not take a control's name: the evaluator keys methods by name, so the
-    control would shadow it.
+    Attack controls are the files of :data:`ATTACK_CONTROLS_DIR`. An estimator may not take a
+    control's name: the evaluator keys methods by name, so the control would shadow it.
     """
     from benchmark.contract import file_sha256
     from benchmark.evaluate import control_files
