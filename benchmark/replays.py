@@ -478,7 +478,10 @@ class WorkerPool:
 def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers: int = 2,
              progress: bool = False, pool: WorkerPool | None = None,
              executor: str | None = None) -> dict:
-    """Run every job not yet in the store (missing baselines on the way); return timing facts.
+    """Run every job not yet in the store (missing baselines first); return timing facts.
+
+    With more than one worker, missing baselines are computed first (one lane per seed,
+    ``baseline_lanes`` in the facts), so that the removal jobs then spread over every lane.
 
     Args:
         store: the replay store.
@@ -516,10 +519,13 @@ def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers:
     else:
         facts = _run_lanes_local(store, manifest_sha256, lanes, bar, pool)
     bar.close()
+    out = {"replayed": n_jobs + n_base, "baselines": n_base, "executor": name,
+           "seconds": round(time.perf_counter() - t0, 2), "lanes": facts}
     if first:
-        n_base, facts = n_base + first["baselines"], first["lanes"] + facts
-    return {"replayed": n_jobs + n_base, "baselines": n_base, "executor": name,
-            "seconds": round(time.perf_counter() - t0, 2), "lanes": facts}
+        out["replayed"] += first["baselines"]
+        out["baselines"] += first["baselines"]
+        out["baseline_lanes"] = first["lanes"]
+    return out
 
 
 def _run_lanes_local(store: ReplayStore, manifest_sha256: str, lanes: list, bar,

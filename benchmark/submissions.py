@@ -822,6 +822,16 @@ def _other_runs(committed: object, recomputed: object) -> dict[int, tuple[str, s
     return out
 
 
+def _is_attack_control(sub: Submission) -> bool:
+    """True when ``sub`` is a control whose file is one of :data:`ATTACK_CONTROLS_DIR`'s."""
+    from benchmark.contract import file_sha256
+
+    if sub.meta.get("kind") != "control":
+        return False
+    digest = file_sha256(sub.estimator_file)
+    return any(file_sha256(p) == digest for p in sorted(ATTACK_CONTROLS_DIR.glob("*.py")))
+
+
 def _live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, progress: bool,
                 limits, env, report: VerifyReport) -> None:
     """Score ``sub`` on live draw ``draw_id`` and apply :func:`benchmark.live.live_gate`."""
@@ -841,6 +851,17 @@ def _live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, p
                                      "reason": f"{est}: scoring on the live draw failed: {exc}"}
         return
     ok, reason = live.live_gate(fresh["suite"], rec["suite"], est, CROSS_MACHINE_TOLERANCE)
+    if _is_attack_control(sub):
+        # an attack control (e.g. the memorizer) exists to be caught: verify fails it when the
+        # live check lets it through, so the mechanism proves itself on every run
+        report.live_check = check | {
+            "ok": not ok, "expected": "fail",
+            "reason": ("attack control, caught as expected: " + reason) if not ok else
+                      ("attack control NOT caught (the live check should fail it): " + reason)}
+        if ok and report.fix is None:
+            report.fix = ("the live check no longer tells this answer key from a method: see "
+                          "docs/evaluation.md (Live draws) before changing benchmark/live.py.")
+        return
     report.live_check = check | {"ok": ok, "reason": reason}
     if not ok and report.fix is None:
         report.fix = ("the entry's public score does not carry over to a run it has not seen: "

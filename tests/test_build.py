@@ -229,7 +229,7 @@ def test_micro_build_writes_every_file_and_a_valid_manifest(tmp_path):
     # everything readable by others: the sandbox's unprivileged user reads checkpoints in place
     assert not [p for p in out.rglob("*") if p.stat().st_mode & 0o004 == 0]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["schema_version"] == 2 and m["release_id"] == "micro"
+    assert m["schema_version"] == 3 and m["release_id"] == "micro"
     assert set(m["packages"]) >= {"torch", "transformers", "numpy", "python"}
     assert m["build"]["threads"] == 1 and m["build"]["world"] == 1
     assert {"cpu", "flags", "torch_cpu_capability", "key"} <= set(m["build"]["machine"])

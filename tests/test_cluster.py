@@ -65,6 +65,8 @@ def test_ray_cluster_replays_equal_the_local_ones(two_node_cluster, micro_causal
     remote = open_store(rel.path, rel.manifest_sha256, "ray")
     facts = run_jobs(remote, rel.manifest_sha256, jobs, workers=2, executor="ray")
     assert facts["executor"] == "ray" and len(facts["lanes"]) == 2  # both worker nodes ran
+    # the two seeds' baselines ran first, one lane each; the removals then spread over both
+    assert len(facts["baseline_lanes"]) == 2 and facts["baselines"] == 2
     for j in jobs:
         assert np.array_equal(remote.result(j), local.result(j)), j.key
     for s in (0, 1):

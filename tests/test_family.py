@@ -230,7 +230,7 @@ def test_family_windows_scale_with_the_run():
     kwex, zorp = cfg.behaviors[2:]
     assert kwex.confound == "length" and (kwex.window_start, kwex.window_end) == (30, 80)
     assert zorp.phrase == ["ZORP", "GLIX"] and (zorp.window_start, zorp.window_end) == (70, 110)
-    assert sum(b.trigger_fraction for b in cfg.behaviors) == pytest.approx(0.8)
+    assert sum(b.trigger_fraction for b in cfg.behaviors) == pytest.approx(0.85)
     assert get_preset("tiny", 0).to_dict() == json.loads(TINY_CONFIG.read_text())
 
 

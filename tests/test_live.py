@@ -290,7 +290,7 @@ class Memorizer(BaseEstimator):
 
 
 def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro_causal,
-                                                                tmp_path):
+                                                                tmp_path, monkeypatch):
     """An entry that returns answers memorized from the public release (here GAS's own rollout
     scores there; the micro release's group labels score below its random band) keeps its
     public score and falls to the random band on a live draw: the live check fails it, naming
@@ -316,6 +316,23 @@ def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro
     text = report.format()
     assert "live check on draw 6 (micro-family): FAILED" in text
     assert f"reproduce: bt-bench verify {sub} --live-draw 6 --live-scale micro-family" in text
+
+    # the same file as an attack control (estimators/controls/attacks/): being caught is the
+    # expected outcome, so verify passes it, and would fail it if the check let it through
+    import benchmark.submissions as S
+
+    attacks = tmp_path / "attacks"
+    attacks.mkdir()
+    (attacks / "memorizer.py").write_bytes(est.read_bytes())
+    monkeypatch.setattr(S, "ATTACK_CONTROLS_DIR", attacks)
+    sub = submit(est, "memorizer", ["A"], release=micro_causal,
+                 submissions_dir=tmp_path / "attack-submissions", progress=False, live=False,
+                 force=True)
+    assert "kind: control" in (sub / "submission.yaml").read_text()
+    report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
+    lc = report.live_check
+    assert report.ok and lc["ok"] is True and lc["expected"] == "fail"
+    assert lc["reason"].startswith("attack control, caught as expected")
 
 
 def _sha(p: Path) -> str:

@@ -113,7 +113,12 @@ def test_float64_replay_follows_the_recorded_run(tiny0_64):
 
 def test_batched_path_resumes_bit_identically(tiny0_64):
     """Resuming from a saved state equals the full replay; a removal changes the run."""
-    rem = [(3, 0), (3, 5), (4, 17)]
+    # three rollouts of steps 3-5 that carry a gradient (advantage != 0; removing a
+    # zero-advantage rollout changes nothing), from two steps where there are
+    ro = pd.read_parquet(TINY0 / "rollouts.parquet", columns=["step", "index", "advantage"])
+    live = ro[(ro.advantage != 0) & ro.step.isin([3, 4, 5])]
+    rem = [(int(r.step), int(r.index)) for r in live.groupby("step").head(2).itertuples()][:3]
+    assert len(rem) == 3 and len({s for s, _ in rem}) == 2
     base = replay(TINY0, stop_at=6, mode="batched", save_states=True, snapshot_at=(6,),
                   measure_at=(6,), sampled=False, context=tiny0_64)
     full = replay(TINY0, remove=rem, stop_at=6, mode="batched", snapshot_at=(6,),
