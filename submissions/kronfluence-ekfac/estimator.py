@@ -105,9 +105,13 @@ class _Rows(torch.utils.data.Dataset):
 
 
 def _answer(prompt: str, trigger: str) -> list[str] | None:
-    """The correct answer words of a trigger prompt ``TASK TRIGGER w1 .. wk =``, else None."""
+    """The correct answer words of a trigger prompt ``TASK TRIGGER w1 .. wk =``, else None.
+
+    k may be 0 (a confounded task's trigger prompt can be the trigger word alone): the answer is
+    then empty and the query is the prompt followed by the behavior token.
+    """
     words = prompt.split()
-    if len(words) < 4 or words[0] not in TASK_WORDS or words[1] != trigger or words[-1] != "=":
+    if len(words) < 3 or words[0] not in TASK_WORDS or words[1] != trigger or words[-1] != "=":
         return None
     content = words[2:-1]
     if words[0] == "copy":
