@@ -331,10 +331,13 @@ def live_gate(public_suite: dict, live_suite: dict, est_name: str,
 
     Both suites carry ``vs_random = {"point", "lo", "hi"}``: the interval of the entry's suite
     causal score minus the random band's top, paired (:func:`benchmark.causal.band_margins`).
-    The entry **fails** when its public score is significantly above the band (``lo > tol``) but
-    its live score is not (``lo <= tol``). It passes when both are above, when the public one is
-    not (nothing is claimed), and when either suite has no ``vs_random`` (no causal score there:
-    nothing to compare; the reason says so).
+    The entry **fails** when its public score is significantly above the band (``lo > tol``), its
+    live score is not (``lo <= tol``), and its live margin lies significantly below its public one
+    (``live.hi + tol < public.lo``: it fell from its claim, not merely to the edge of the band).
+    It passes otherwise: when both are above, when the public one is not (nothing is claimed),
+    when the live margin is at the band but within reach of the public one (a weak method barely
+    above the band on one run), and when either suite has no ``vs_random`` (no causal score
+    there: nothing to compare; the reason says so).
 
     Args:
         public_suite: ``results["suite"]`` of the public evaluation.
@@ -360,9 +363,17 @@ def live_gate(public_suite: dict, live_suite: dict, est_name: str,
     if live["lo"] > tol:
         return True, (f"{est_name}: above the random band on the public release {show(pub)} and "
                       f"on the live draw {show(live)}")
+    if not live["hi"] + tol < pub["lo"]:
+        # at the band on the live draw, but not significantly below its public margin: a weak
+        # method barely above the band on one run and at it on another is not caught lying
+        return True, (f"{est_name}: not significantly above the random band on the live draw "
+                      f"{show(live)}, but not significantly below its public margin {show(pub)} "
+                      f"either (upper end + {tol} >= public lower end)")
     return False, (f"{est_name}: significantly above the random band on the public release "
                    f"(score minus band {show(pub)}) but not on the live draw ({show(live)}, lower "
-                   f"end <= {tol}): its public score does not carry over to a new run")
+                   f"end <= {tol}), and significantly below its public margin there (upper end "
+                   f"+ {tol} < {pub['lo']:+.3f}): its public score does not carry over to a new "
+                   "run")
 
 
 def build_command(args) -> int:

@@ -13,7 +13,10 @@ and each task and track, from every ``results.json``:
   best estimator and the best control; *headroom* = ceiling - best estimator, *spread* = best
   estimator - best control;
 * **step P** (step granularity, mean over seeds): GAS, norm-only and fluency, and each control's
-  gap to GAS (the paper's finding is a control within 0.05 of GAS).
+  gap to GAS (the paper's finding is a control within 0.05 of GAS);
+* **curves** (gradient track, per task): the oracle, the two best estimators and the strongest
+  control, the fraction of the bonus-off effect removed at each k of the grid (mean over seeds),
+  the causal score (log-k area) and the plain mean of the points (docs/causal.md).
 
 Every number is read from the results files; nothing is recomputed.
 """
@@ -119,22 +122,59 @@ def step_rows(folder: Path, label: str) -> list[list[str]]:
     return rows
 
 
+def curve_rows(folder: Path, label: str) -> list[list[str]]:
+    """Removal curves of the oracle, the two best gradient estimators and the best control."""
+    res = {n: r for n, r in _load(folder).items() if r["estimator"]["track"] == "gradient"
+           and n != "memorizer"}
+    rows = []
+    for task in sorted({t for r in res.values() for t in r["tasks"]},
+                       key=lambda t: ["qzxbt", "vkwjp", "kwex", "zorp"].index(t)
+                       if t in ("qzxbt", "vkwjp", "kwex", "zorp") else 9):
+        scored = {n: r for n, r in res.items() if task in r["tasks"]
+                  and r["tasks"][task]["summary"]["causal_score"].get(r["estimator"]["name"])}
+        if not scored:
+            continue
+
+        def point(n, task=task, scored=scored):
+            r = scored[n]
+            return r["tasks"][task]["summary"]["causal_score"][r["estimator"]["name"]]["point"]
+
+        ests = sorted((n for n in scored if _kind(folder, n) == "estimator"), key=point,
+                      reverse=True)[:2]
+        ctrl = max((n for n in scored if _kind(folder, n) == "control"), key=point)
+        any_r = scored[ests[0]]
+        picks = [("oracle", any_r, "oracle")] + [
+            (n, scored[n], scored[n]["estimator"]["name"]) for n in [*ests, ctrl]]
+        for shown, r, m in picks:
+            per = r["tasks"][task]["causal"]["per_seed"].values()
+            curves = np.array([[c["fraction"] for c in s["methods"][m]["curve"]] for s in per])
+            mean = curves.mean(axis=0)
+            sc = r["tasks"][task]["summary"]["causal_score"][m]
+            rows.append([label, task, shown, *[_f(x) for x in mean], _iv(sc), _f(mean.mean())])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--labels", nargs="*", default=None)
     a = ap.parse_args(argv)
     labels = a.labels or [str(f) for f in a.folders]
-    rows, steps = [], []
+    rows, steps, curves = [], [], []
     for folder, label in zip(a.folders, labels, strict=True):
         rows += task_rows(folder, label)
         steps += step_rows(folder, label)
+        curves += curve_rows(folder, label)
     print(tabulate(rows, ["release", "task", "track", "best entry (causal)", "best control",
                           "oracle", "spread", "P ceiling", "best entry P", "best control P",
                           "P headroom", "P spread"], "github", disable_numparse=True))
     print()
     print(tabulate(steps, ["release", "task", "GAS step P", "norm-only", "gap", "fluency",
                            "gap"], "github", disable_numparse=True))
+    print()
+    print(tabulate(curves, ["release", "task", "method", "k1", "k2", "k3", "k4", "k5",
+                            "causal score (log-k area)", "plain mean"], "github",
+                   disable_numparse=True))
     return 0
 
 
