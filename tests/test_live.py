@@ -342,6 +342,12 @@ def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro
     lc = report.live_check
     assert report.ok and lc["ok"] is True and lc["expected"] == "fail"
     assert lc["reason"].startswith("attack control, caught as expected")
+    # a control that is not an attack control (the evaluator's own) is shown, not gated
+    monkeypatch.setattr(S, "_is_attack_control", lambda sub: False)
+    report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
+    lc = report.live_check
+    assert report.ok and lc["ok"] is True and lc["gated"] is False
+    assert lc["reason"].startswith("control, shown and not gated")
 
 
 def _sha(p: Path) -> str:
