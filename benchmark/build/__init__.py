@@ -144,10 +144,15 @@ def _resume_hint(out: Path, seeds: list[int]) -> str:
 
 
 def _run_workers(cmds: dict[tuple, list[str]], jobs: int, out: Path) -> None:
-    """Run the worker commands, at most ``jobs`` at once; stop all at the first failure."""
+    """Run the worker commands, at most ``jobs`` at once; stop all at the first failure.
+
+    After a failure the temp files and folders (``*.tmp``) that killed workers left in the
+    seeds' folders are removed: they were never renamed into place, and a rerun rewrites them.
+    """
     pending = list(cmds.items())
     running: dict[tuple, subprocess.Popen] = {}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    failed = False
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -164,10 +169,26 @@ def _run_workers(cmds: dict[tuple, list[str]], jobs: int, out: Path) -> None:
                     raise BuildError(
                         f"the build of seed(s) {list(key)} {how} (a rank of a distributed build "
                         f"failing stops every rank); {_resume_hint(out, list(key))}")
+    except BaseException:
+        failed = True
+        raise
     finally:
         for proc in running.values():
             proc.kill()
             proc.wait()
+        if failed:
+            _sweep_temp(out, sorted({s for key in cmds for s in key}))
+
+
+def _sweep_temp(out: Path, seeds: list[int]) -> None:
+    """Remove ``*.tmp`` files and folders under the seeds' release and work folders."""
+    for s in seeds:
+        for root in (out / f"seed{s}", out / ".work" / f"seed{s}"):
+            for p in sorted(root.rglob("*.tmp"), reverse=True) if root.exists() else []:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
 
 
 def build_release(preset: str, seeds: list[int], out: str | Path, release_id: str | None = None,
