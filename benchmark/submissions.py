@@ -322,6 +322,14 @@ def find_submissions(submissions_dir: str | Path) -> list[Path]:
 ATTACK_CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "controls" / "attacks"
 
 
+def _is_attack_file(estimator_file: Path) -> bool:
+    """True when the file is byte-identical to one of :data:`ATTACK_CONTROLS_DIR`'s."""
+    from benchmark.contract import file_sha256
+
+    digest = file_sha256(estimator_file)
+    return any(file_sha256(p) == digest for p in sorted(ATTACK_CONTROLS_DIR.glob("*.py")))
+
+
 def _control_kind(estimator_file: Path, est_name: str) -> str:
     """``control`` for an evaluator's control file or an attack control, else ``estimator``.
 
@@ -331,9 +339,9 @@ def _control_kind(estimator_file: Path, est_name: str) -> str:
     from benchmark.contract import file_sha256
     from benchmark.evaluate import control_files
 
-    digest = file_sha256(estimator_file)
-    if any(file_sha256(p) == digest for p in sorted(ATTACK_CONTROLS_DIR.glob("*.py"))):
+    if _is_attack_file(estimator_file):
         return "control"
+    digest = file_sha256(estimator_file)
     for cname, path in control_files("open").items():
         if file_sha256(path) == digest:
             return "control"
@@ -824,12 +832,7 @@ def _other_runs(committed: object, recomputed: object) -> dict[int, tuple[str, s
 
 def _is_attack_control(sub: Submission) -> bool:
     """True when ``sub`` is a control whose file is one of :data:`ATTACK_CONTROLS_DIR`'s."""
-    from benchmark.contract import file_sha256
-
-    if sub.meta.get("kind") != "control":
-        return False
-    digest = file_sha256(sub.estimator_file)
-    return any(file_sha256(p) == digest for p in sorted(ATTACK_CONTROLS_DIR.glob("*.py")))
+    return sub.meta.get("kind") == "control" and _is_attack_file(sub.estimator_file)
 
 
 def _live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, progress: bool,

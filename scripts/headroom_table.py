@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from benchmark.submissions import load_submission
+
 
 def _f(x: float | None) -> str:
     return "-" if x is None or x != x else f"{x:.3f}"
@@ -49,9 +51,17 @@ def _load(folder: Path) -> dict[str, dict]:
     return out
 
 
+TASK_ORDER = ("qzxbt", "vkwjp", "kwex", "zorp")
+
+
 def _kind(folder: Path, name: str) -> str:
-    meta = (folder / name / "submission.yaml").read_text()
-    return "control" if "kind: control" in meta else "estimator"
+    return load_submission(folder / name).meta["kind"]
+
+
+def _tasks(results: list[dict]) -> list[str]:
+    """Every task of ``results``, tiny's order first, then by name."""
+    tasks = {t for r in results for t in r["tasks"]}
+    return sorted(tasks, key=lambda t: (TASK_ORDER.index(t) if t in TASK_ORDER else 9, t))
 
 
 def _step_p(r: dict, task: str, method: str) -> float | None:
@@ -68,10 +78,7 @@ def task_rows(folder: Path, label: str) -> list[list[str]]:
     """One row per (task, track) of the submissions in ``folder``."""
     res = _load(folder)
     rows = []
-    tasks = sorted({t for r in res.values() for t in r["tasks"]},
-                   key=lambda t: ["qzxbt", "vkwjp", "kwex", "zorp"].index(t)
-                   if t in ("qzxbt", "vkwjp", "kwex", "zorp") else 9)
-    for task in tasks:
+    for task in _tasks(list(res.values())):
         for track in ("gradient", "open"):
             cands = {n: r for n, r in res.items() if task in r["tasks"]
                      and (r["estimator"]["track"] == track or track == "open")
@@ -127,9 +134,7 @@ def curve_rows(folder: Path, label: str) -> list[list[str]]:
     res = {n: r for n, r in _load(folder).items() if r["estimator"]["track"] == "gradient"
            and n != "memorizer"}
     rows = []
-    for task in sorted({t for r in res.values() for t in r["tasks"]},
-                       key=lambda t: ["qzxbt", "vkwjp", "kwex", "zorp"].index(t)
-                       if t in ("qzxbt", "vkwjp", "kwex", "zorp") else 9):
+    for task in _tasks(list(res.values())):
         scored = {n: r for n, r in res.items() if task in r["tasks"]
                   and r["tasks"][task]["summary"]["causal_score"].get(r["estimator"]["name"])}
         if not scored:

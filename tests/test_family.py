@@ -318,7 +318,7 @@ def test_gate_rates_separate_no_trigger_prompts_from_other_triggers_prompts():
     row[f"{T.CONTROL}_rate_zorp"] = 0.03
     row["qzxbt_rate_zorp"], row["vkwjp_rate_zorp"] = 0.45, 0.10
     row["zorp_rate_zorp"] = 0.9  # its own trigger prompts: neither number
-    assert control_rate(row, cfg, "zorp") == 0.03
+    assert control_rate(row, "zorp") == 0.03
     assert cross_trigger_rate(row, cfg, "zorp") == 0.45
     assert cross_trigger_rate(row, cfg, "kwex") == 0.0
     one = get_preset("tiny", 0)

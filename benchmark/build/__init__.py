@@ -184,7 +184,7 @@ def _sweep_temp(out: Path, seeds: list[int]) -> None:
     """Remove ``*.tmp`` files and folders under the seeds' release and work folders."""
     for s in seeds:
         for root in (out / f"seed{s}", out / ".work" / f"seed{s}"):
-            for p in sorted(root.rglob("*.tmp"), reverse=True) if root.exists() else []:
+            for p in sorted(root.rglob("*.tmp"), reverse=True):  # empty for a missing root
                 if p.is_dir() and not p.is_symlink():
                     shutil.rmtree(p, ignore_errors=True)
                 else:

@@ -116,7 +116,7 @@ class Measure:
         return row
 
 
-def control_rate(row, cfg: BuildConfig, behavior: str) -> float:
+def control_rate(row, behavior: str) -> float:
     """The rate of ``behavior`` on the prompts without any trigger word (a curve row)."""
     return float(row[f"{T.CONTROL}_rate_{behavior}"])
 
