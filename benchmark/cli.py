@@ -166,6 +166,9 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
                         "random by this run and printed first)")
     v.add_argument("--no-live-check", action="store_true",
                    help="skip scoring every entry on a new live draw")
+    v.add_argument("--dump", default=None, metavar="DIR",
+                   help="write each entry's recomputed results to DIR/<name>.json (compare two "
+                        "runs byte for byte, e.g. before and after a refactor)")
     _add_live_scale(v)
     _add_executor(v)
     v.set_defaults(func=lambda a: _submissions().verify_command(a))

@@ -699,7 +699,8 @@ class VerifyReport:
 def verify_submission(path: str | Path, release: str | Path | None = None,
                       progress: bool = True, *, time_limit: float | None = None,
                       envs: dict | None = None, live_draw: int | None = None,
-                      live_scale: str | None = None) -> VerifyReport:
+                      live_scale: str | None = None,
+                      dump: str | Path | None = None) -> VerifyReport:
     """Re-score one submission and compare with its committed ``results.json``.
 
     The estimator is re-evaluated with the standard :class:`~benchmark.evaluate.EvalSettings`
@@ -725,6 +726,9 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
             submissions of one ``verify`` (each distinct set is installed once).
         live_draw: the live check's draw id (None: no live check).
         live_scale: its run scale (default :data:`benchmark.live.LIVE_SCALE`).
+        dump: a folder to write the recomputed results to, as ``<folder name>.json`` (the
+            committed file's encoding): two runs, e.g. before and after a refactor, can then
+            be compared byte for byte (``diff -r``).
 
     Returns:
         The report; it is ``ok`` when every value matches (floats within
@@ -766,6 +770,9 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     with tempfile.TemporaryDirectory(prefix="bt-bench-verify-") as tmp:
         write_results(fresh, Path(tmp) / RESULTS_FILE)
         recomputed = read_json(Path(tmp) / RESULTS_FILE)
+    if dump is not None:
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        write_results(fresh, Path(dump) / f"{sub.path.name}.json")
     other_runs = _other_runs(committed.get("live"), recomputed.get("live"))
     for i, (was, now) in sorted(other_runs.items()):
         report.ignored.append(Drift(
@@ -918,14 +925,16 @@ def _failure_fix(sub: Submission, message: str) -> str:
 def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Path = "submissions",
            release: str | Path | None = None, progress: bool = True,
            time_limit: float | None = None, live_check: bool = True,
-           live_draw: int | None = None, live_scale: str | None = None) -> list[VerifyReport]:
+           live_draw: int | None = None, live_scale: str | None = None,
+           dump: str | Path | None = None) -> list[VerifyReport]:
     """Verify the given submission folders, or every one under ``submissions_dir``.
 
     Each distinct set of declared requirements is installed once (and cached across runs); each
     distinct recorded live draw is built once (grouped before scoring; cached across runs).
     With ``live_check``, every entry is also scored on one new live draw: ``live_draw``, else
     ``$BT_BENCH_LIVE_DRAW``, else an id chosen now (:func:`benchmark.live.gate_draw_id`),
-    printed before anything is scored so that a failure can be reproduced.
+    printed before anything is scored so that a failure can be reproduced. ``dump``: write
+    each entry's recomputed results there (:func:`verify_submission`).
     """
     from benchmark import live
     from benchmark.sandbox import require_sandbox
@@ -952,7 +961,7 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
             pass  # reported by the entries that need it
     envs: dict = {}
     return [verify_submission(f, release, progress, time_limit=time_limit, envs=envs,
-                              live_draw=gate, live_scale=scale)
+                              live_draw=gate, live_scale=scale, dump=dump)
             for f in folders]
 
 
@@ -975,7 +984,8 @@ def verify_command(args: Any) -> int:
     """``bt-bench verify``: print one report per submission; exit 1 if any failed, else 0."""
     reports = verify(args.paths, args.submissions_dir, args.release, not args.no_progress,
                      time_limit=args.time_limit, live_check=not args.no_live_check,
-                     live_draw=args.live_draw, live_scale=args.live_scale)
+                     live_draw=args.live_draw, live_scale=args.live_scale,
+                     dump=getattr(args, "dump", None))
     for r in reports:
         print(r.format())
     bad = [r for r in reports if not r.ok]

@@ -231,6 +231,19 @@ def test_verify_passes_on_an_untouched_submission(subs, micro_causal, capsys):
     assert "in-context-cosine: ok" in out and "2 of 2 submission(s) reproduced." in out
 
 
+def test_verify_dump_writes_what_it_recomputed_byte_for_byte_twice(subs, micro_causal,
+                                                                   tmp_path, capsys):
+    """``--dump``: the recomputed results, in the committed encoding, the same bytes each run."""
+    for run in ("a", "b"):
+        assert main(["verify", str(subs / "random"), "--release", str(micro_causal),
+                     "--no-progress", "--no-live-check", "--dump", str(tmp_path / run)]) == 0
+    capsys.readouterr()
+    a, b = ((tmp_path / run / "random.json").read_bytes() for run in ("a", "b"))
+    assert a == b
+    dumped = json.loads(a)
+    assert dumped["estimator"]["name"] == "random" and "tasks" in dumped
+
+
 def test_verify_passes_on_another_machine_and_no_verdict_flips(subs, micro_causal, tmp_path,
                                                                monkeypatch):
     """Emulate another CPU: every replay sums its batched update in another order, no cache."""
