@@ -1,0 +1,114 @@
+"""The arithmetic floor of causal replays on this machine (issue 22's targets, in FLOPs).
+
+A replay step of the stacked engine is a few small float64 matrix products per token (decoding)
+and one forward and backward over the step's groups (training). This script measures, in one
+process and one thread:
+
+* **work**: the FLOPs of one replay step (matrix products and attention, forward and backward,
+  counted by ``torch.utils.flop_counter.FlopCounterMode`` over real steps of ``tiny`` seed 0);
+* **engine rate**: the stacked engine's replay steps per second at ``K`` replays per batch, as
+  FLOP/s;
+* **machine rate**: ``torch.mm`` in float64 on the engine's largest shape, run in the same
+  process (the ceiling a replay could reach if it were nothing but matrix products);
+
+and prints the engine's share of the machine rate, and the time a replay workload needs at best
+(all cores at the machine rate) next to the engine's time: a new estimator's removal replays on
+``tiny`` (``--slice-steps``, from ``bt-bench evaluate``'s facts) and the issue's targets.
+
+Usage: ``python benchmarks/replay_floor.py [--k 1 4 16] [--steps 4] [--slice-steps 3377]``.
+Timings, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _step(sr, stack, step: int) -> None:
+    resp = sr.sample_step(stack, step)
+    advs = [sr.advantages(step, r, frozenset(), None) for r in resp]
+    sr.update(stack, step, resp, advs)
+
+
+def mm_rate(seconds: float = 2.0) -> float:
+    """float64 ``torch.mm`` FLOP/s at the engine's widest product (rows x 128 @ 128 x 384)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(512, 128, dtype=torch.float64, generator=g)
+    b = torch.rand(128, 384, dtype=torch.float64, generator=g)
+    torch.mm(a, b)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        n += 1
+    return n * 2 * 512 * 128 * 384 / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from tabulate import tabulate
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmark.build import stacked as S
+    from benchmark.build.replay import ReplaySeed
+    from benchmark.machine import cpu_name
+    from benchmark.release import load_release
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--release", default="tiny")
+    ap.add_argument("--k", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per K")
+    ap.add_argument("--slice-steps", type=int, default=3377,
+                    help="replay steps of the workload (a new estimator on tiny 3.0: 3377)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rel = load_release(a.release)
+    sr = S.StackedReplay.of_seed(ReplaySeed(rel.path / f"seed{rel.seeds[0]}",
+                                            precision="float64"))
+    first = 20  # a step inside the first bonus window (responses of a trained policy)
+    warm = S.Stack.of([sr.start])
+    for step in range(first):
+        _step(sr, warm, step)
+    state = warm.state(0, first)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        stack = S.Stack.of([state])
+        for step in range(first, first + a.steps):
+            _step(sr, stack, step)
+    flops = counter.get_total_flops() / a.steps
+    machine = mm_rate()
+    rows = []
+    for k in a.k:
+        stack = S.Stack.of([state] * k)
+        _step(sr, stack, first)  # shape checks and caches outside the timing
+        stack = S.Stack.of([state] * k)
+        t0 = time.perf_counter()
+        for step in range(first, first + a.steps):
+            _step(sr, stack, step)
+        per = (time.perf_counter() - t0) / (a.steps * k)
+        rows.append({"K": k, "s per replay step": round(per, 4),
+                     "GFLOP/s": round(flops / per / 1e9, 2),
+                     "share of mm rate": round(flops / per / machine, 3),
+                     "workload s (engine)": round(a.slice_steps * per / a.workers, 1)})
+    floor = a.slice_steps * flops / (machine * a.workers)
+    print(f"{cpu_name()}; one thread per worker, {a.workers} workers; release {rel.release_id}")
+    print(f"work: {flops / 1e9:.3f} GFLOP per replay step (matrix products and attention, "
+          f"forward and backward, steps {first}-{first + a.steps - 1})")
+    print(f"machine: float64 torch.mm {machine / 1e9:.1f} GFLOP/s per thread")
+    print(tabulate(rows, headers="keys", tablefmt="github"))
+    print(f"workload: {a.slice_steps} replay steps = {a.slice_steps * flops / 1e12:.2f} TFLOP; "
+          f"floor at the mm rate on {a.workers} workers: {floor:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
