@@ -11,10 +11,10 @@ The notebook API (imported lazily, so ``import benchmark`` stays cheap)::
 __version__ = "0.2.0"
 
 _LAZY = {
-    "load_view": "benchmark.data",
-    "load_draws": "benchmark.data",
-    "load_seed": "benchmark.data",
-    "load_release": "benchmark.release",
+    "load_view": "benchmark.releases.data",
+    "load_draws": "benchmark.releases.data",
+    "load_seed": "benchmark.releases.data",
+    "load_release": "benchmark.releases.release",
     "evaluate": "benchmark.evaluate",
     "check_estimator": "benchmark.contract",
 }

@@ -267,13 +267,13 @@ def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) ->
     """Cap the precision items (3, 4) of each seed by that seed's causal score, in place.
 
     A precision item cannot pass where the estimator's causal score is at or below the random
-    band (``benchmark.causal.above_band_gate`` on the seed's margin over the band's top): the
+    band (``benchmark.causal.score.above_band_gate`` on the seed's margin over the band's top): the
     labels then credit rollouts whose removal does not move the behavior. The gate's verdict
     caps the item's (fail < inconclusive < pass); the margin and the gate are recorded under
     ``numbers["causal_gate"]``. Seeds without a causal score (not run, no bonus paid) are not
     capped.
     """
-    from benchmark.causal import above_band_gate
+    from benchmark.causal.score import above_band_gate
 
     per_seed = (causal or {}).get("per_seed") or {}
     order = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
@@ -397,7 +397,7 @@ def live_margin(public: Mapping[str, float], live: Mapping[str, float]) -> dict:
 def not_below(margin: Mapping[str, float], tol: float, max_width: float = MAX_WIDTH) -> str:
     """Verdict of "not significantly below" from the interval of ``live - public``.
 
-    The mirror of :func:`benchmark.causal.beats` for a one-sided claim: **fail** when the
+    The mirror of :func:`benchmark.causal.score.beats` for a one-sided claim: **fail** when the
     interval's upper end is below ``-tol`` (the live score lies significantly below the public
     one, by more than the cross-machine tolerance); **inconclusive** when that end is within
     ``tol`` of 0 (another CPU could decide it the other way), when the interval is undefined, or
@@ -435,7 +435,7 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
             ``suite`` shaped as ``public_suite``.
         est: the estimator's name (``results["estimator"]["name"]``).
         tol: the cross-machine tolerance (default
-            :data:`benchmark.causal.CROSS_MACHINE_TOLERANCE`, 0.01).
+            :data:`benchmark.causal.score.CROSS_MACHINE_TOLERANCE`, 0.01).
 
     Returns:
         ``{"verdict", "public": {point, lo, hi}, "live": {point, lo, hi, n_draws, draw_ids},
@@ -445,7 +445,7 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
         what is missing, when there is no public causal score or no live draw with one.
     """
     if tol is None:
-        from benchmark.causal import CROSS_MACHINE_TOLERANCE
+        from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
 
         tol = CROSS_MACHINE_TOLERANCE
     public = _causal_of(public_suite, est)

@@ -200,7 +200,7 @@ def _live():
 
 
 def _hub():
-    from benchmark import hub
+    from benchmark.releases import hub
 
     return hub
 
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "executor", None):  # a setting every replay of this command reads
-        from benchmark.replays import EXECUTOR_ENV
+        from benchmark.causal.replays import EXECUTOR_ENV
 
         os.environ[EXECUTOR_ENV] = args.executor
     try:

@@ -7,7 +7,8 @@ estimator and the target-free controls score
   step; its scores are broadcast to the step's rollouts and scored tie-aware);
 * every **generation draw** of the task (fresh responses at a checkpoint, in groups of G).
 
-The headline is the **causal score** (:mod:`benchmark.causal`): removing the method's top rollouts
+The headline is the **causal score** (:mod:`benchmark.causal.score`): removing the method's top
+rollouts
 and replaying training, the fraction of the bonus-off effect removed, averaged over a grid of
 removal sizes. Beside it: precision against the labels (the *group label*, primary: rollouts of a
 GRPO group in which the task's bonus created reward variance; the *rollout label*: received the
@@ -29,7 +30,7 @@ import numpy as np
 
 from benchmark import checklist as C
 from benchmark import metrics as M
-from benchmark.causal import TIE_COMPLETIONS
+from benchmark.causal.score import TIE_COMPLETIONS
 from benchmark.contract import (
     check_capabilities,
     check_estimator,
@@ -37,10 +38,10 @@ from benchmark.contract import (
     load_estimator_file,
     validate_scores,
 )
-from benchmark.data import TaskData, load_seed
 from benchmark.errors import BenchmarkError
 from benchmark.io import atomic_write_text, dumps_json
-from benchmark.isolation import Limits, inspect_isolated, score_isolated
+from benchmark.releases.data import TaskData, load_seed
+from benchmark.sandbox.isolation import Limits, inspect_isolated, score_isolated
 
 #: 3: causal scores as the log-k area, fair ties, per-prompt curves stored for the leaderboard
 RESULTS_SCHEMA_VERSION = 3
@@ -75,7 +76,7 @@ class EvalSettings:
         causal: replay training without each method's top rollouts (the causal score; only on
             releases that ship a causal reference, i.e. ``tiny``).
         tie_completions: random tie completions per removal size where a method's top-k
-            boundary cuts a tie (``benchmark.causal.removal_sets``; docs/causal.md).
+            boundary cuts a tie (``benchmark.causal.score.removal_sets``; docs/causal.md).
     """
 
     n_boot_precision: int = 1000
@@ -384,7 +385,7 @@ def _inspect(estimator_file: Path, isolation: Limits | None, env) -> tuple[dict,
         kw = env.sandbox_kwargs() if env is not None else {}
         meta = inspect_isolated(estimator_file, isolation, **kw)
         return meta | {"fallbacks": list(meta.get("fallbacks", []))}, None
-    from benchmark.requirements import refuse_in_process
+    from benchmark.sandbox.requirements import refuse_in_process
 
     refuse_in_process(env)
     loaded = load_estimator_file(estimator_file)
@@ -431,9 +432,10 @@ def evaluate(
         settings: evaluation knobs (defaults pinned in :class:`EvalSettings`).
         progress: show tqdm progress.
         isolation: limits of the sandbox that loads, checks and runs the estimator
-            (:mod:`benchmark.isolation`); ``None`` runs it in this process (trusted code only,
+            (:mod:`benchmark.sandbox.isolation`); ``None`` runs it in this process (trusted code
+            only,
             e.g. while debugging an estimator).
-        env: a per-submission environment (:mod:`benchmark.requirements`) whose interpreter
+        env: a per-submission environment (:mod:`benchmark.sandbox.requirements`) whose interpreter
             runs the estimator, or None for bt-bench's own.
         timings: a dict to fill with the wall time of each phase in seconds (not part of the
             results, which must not depend on the machine's speed).
@@ -445,7 +447,7 @@ def evaluate(
         EstimatorContractError: the file breaks the contract (raised before any scoring).
         ReleaseError: the release is missing or fails its checksums.
     """
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     settings = settings or EvalSettings()
     estimator_file = Path(estimator_file)
@@ -472,8 +474,8 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
     """
     if not settings.causal:
         return None
-    from benchmark.causal import replays_pending
-    from benchmark.replays import ReplayStore, WorkerPool, executor_name
+    from benchmark.causal.replays import ReplayStore, WorkerPool, executor_name
+    from benchmark.causal.score import replays_pending
 
     if executor_name() != "local" or not replays_pending(
             rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}, settings.tie_completions):
@@ -625,7 +627,8 @@ def _suite(tasks: dict, causal: dict, est: str) -> dict:
     """Mean over tasks and seeds of the headline (the causal score), with its interval.
 
     ``vs_random``: the estimator's causal score minus the random band's top, paired (the same
-    replicates as its score; :func:`benchmark.causal.band_margins`), mean over tasks and seeds.
+    replicates as its score; :func:`benchmark.causal.score.band_margins`), mean over tasks and
+    seeds.
     """
     out = {"tasks": list(tasks), "verdicts": {t: v["verdict"] for t, v in tasks.items()}}
     if causal.get("suite"):
@@ -637,10 +640,10 @@ def _suite(tasks: dict, causal: dict, est: str) -> dict:
 
 def _causal(rel: object, scores: dict, est: str, settings: EvalSettings, progress: bool,
             timings: dict, pool=None, track_controls: tuple[str, ...] = ()) -> dict:
-    """The causal scores (:mod:`benchmark.causal`), or why they did not run."""
+    """The causal scores (:mod:`benchmark.causal.score`), or why they did not run."""
     if not settings.causal:
         return {"verdict": C.NOT_RUN, "reason": "skipped (--no-causal)"}
-    from benchmark.causal import causal_results, settings_of
+    from benchmark.causal.score import causal_results, settings_of
 
     res, timing = causal_results(rel, scores, est, settings=settings_of(asdict(settings)),
                                  progress=progress, pool=pool, track_controls=track_controls)
@@ -663,10 +666,11 @@ def _settings_dict(settings: EvalSettings, seeds: list[int], tasks: list[str]) -
     d["max_interval_width"] = C.MAX_WIDTH
     d["primary_ground_truth"] = "group"
     d["checklist_population"] = "learning window (bonus window, non-zero-gradient steps)"
-    from benchmark.causal import CROSS_MACHINE_TOLERANCE
+    from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
 
     d["causal_summary"] = ("area under the removal curve on the release's k grid: trapezoid "
-                           "over log2 k (benchmark.causal.k_weights)")
+                           "over log2 k (benchmark.causal.k_weights)")  # recorded text:
+    # results keep it as written before benchmark.causal became a package (score.k_weights)
     d["causal_cross_machine_tolerance"] = CROSS_MACHINE_TOLERANCE
     return d
 
@@ -776,7 +780,7 @@ def _limits(no_isolation: bool, time_limit: float | None, memory_gib: float | No
 def _env(requirements: list[str] | None, progress: bool):
     if not requirements:
         return None
-    from benchmark.requirements import ensure_env
+    from benchmark.sandbox.requirements import ensure_env
 
     return ensure_env(requirements, where="--requirements",
                       log=(lambda m: print(m, flush=True)) if progress else None)
@@ -804,7 +808,7 @@ def check_estimator_command(estimator_file: str, release: str, no_isolation: boo
                             time_limit: float | None = None, memory_gib: float | None = None,
                             requirements: list[str] | None = None) -> int:
     """``bt-bench check-estimator``: the contract checks on the first seed of a release."""
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     limits = _limits(no_isolation, time_limit, memory_gib)
     env = _env(requirements, True)

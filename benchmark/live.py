@@ -3,7 +3,7 @@
 A *live draw* is a run sampled from the task family (:mod:`benchmark.build.family`) by a draw id
 chosen when scoring happens, built on this machine with a **lean** causal reference (the oracle,
 the controls' removal curves, :data:`LIVE_N_RANDOM` random sets per k and the bonus-off replay;
-no exact-replay proof, no provenance row; ``benchmark.causal_reference.reference(lean=True)``).
+no exact-replay proof, no provenance row; ``benchmark.causal.reference.reference(lean=True)``).
 The same id gives the same run on one machine; the built release is kept in the cache
 (:func:`live_dir`) and reused while its manifest verifies.
 
@@ -46,9 +46,9 @@ def live_dir(draw_id: int, scale: str = LIVE_SCALE) -> Path:
     """The cache folder of a live draw: ``<cache>/live/<scale>-draw<ID>/`` (a release folder).
 
     ``<cache>`` is ``$BT_BENCH_CACHE`` or ``~/.cache/bt-bench``
-    (:func:`benchmark.replays.cache_root`).
+    (:func:`benchmark.causal.replays.cache_root`).
     """
-    from benchmark.replays import cache_root
+    from benchmark.causal.replays import cache_root
 
     return cache_root() / "live" / f"{scale}-draw{check_draw_id(draw_id)}"
 
@@ -97,7 +97,7 @@ def run_sha256(manifest: dict) -> str:
     Two builds of one draw id with equal run hashes trained the same model on the same rollouts
     (their causal references may still differ in the last bits on two CPUs). Hex string.
     """
-    from benchmark.causal import CAUSAL_FILE
+    from benchmark.causal.score import CAUSAL_FILE
 
     files = {k: v["sha256"] for k, v in sorted(manifest["files"].items())
              if Path(k).name != CAUSAL_FILE}
@@ -111,8 +111,8 @@ def cached_release(draw_id: int, scale: str = LIVE_SCALE) -> Path | None:
     and scale, and lists a causal reference for every seed.
     """
     from benchmark.build.family import FAMILY_VERSION
-    from benchmark.causal import CAUSAL_FILE
-    from benchmark.release import MANIFEST, load_release
+    from benchmark.causal.score import CAUSAL_FILE
+    from benchmark.releases.release import MANIFEST, load_release
 
     path = live_dir(draw_id, scale)
     if not (path / MANIFEST).is_file():
@@ -188,8 +188,8 @@ def _build(draw_id: int, scale: str, out: Path, progress: bool, workers: int) ->
     from tqdm import tqdm
 
     from benchmark.build.family import FAMILY_VERSION, build_draw
-    from benchmark.causal_reference import install, reference
-    from benchmark.release import load_release
+    from benchmark.causal.reference import install, reference
+    from benchmark.releases.release import load_release
 
     bar = tqdm(total=3, desc=f"live draw {draw_id} ({scale})", disable=not progress, leave=False)
     t0 = time.perf_counter()
@@ -226,7 +226,7 @@ def _deterministic_manifest(root: Path, manifest: dict) -> str:
     Drops ``build.family.build_seconds`` and every seed's ``timings_s`` (``live.json`` keeps
     them), so two builds of one draw on one machine write the same bytes.
     """
-    from benchmark.release import MANIFEST, write_manifest
+    from benchmark.releases.release import MANIFEST, write_manifest
 
     build = dict(manifest["build"])
     build["family"] = {k: v for k, v in build["family"].items() if k != "build_seconds"}
@@ -244,7 +244,7 @@ def _move_store(root: Path, built_sha: str, final_sha: str) -> None:
     the run is the same, so its baseline and removals are the final release's too (an evaluation
     then starts from them instead of replaying the baseline again).
     """
-    from benchmark.replays import open_store
+    from benchmark.causal.replays import open_store
 
     src = open_store(root, built_sha).dir
     dst = open_store(root, final_sha).dir
@@ -292,7 +292,7 @@ def draw_record(draw_id: int, results: dict, release_dir: str | Path) -> dict:
     the run's identity (:func:`run_sha256`), so ``verify`` can tell a rebuild of the same run
     from a different one (another CPU may train another run from the same id).
     """
-    from benchmark.release import MANIFEST
+    from benchmark.releases.release import MANIFEST
 
     manifest = json.loads((Path(release_dir) / MANIFEST).read_text())
     return {"draw_id": int(draw_id), "run_sha256": run_sha256(manifest),
@@ -330,7 +330,7 @@ def live_gate(public_suite: dict, live_suite: dict, est_name: str,
     """Whether an entry's public claim survives a live draw (``bt-bench verify``'s check).
 
     Both suites carry ``vs_random = {"point", "lo", "hi"}``: the interval of the entry's suite
-    causal score minus the random band's top, paired (:func:`benchmark.causal.band_margins`).
+    causal score minus the random band's top, paired (:func:`benchmark.causal.score.band_margins`).
     The entry **fails** when its public score is significantly above the band (``lo > tol``), its
     live score is not (``lo <= tol``), and its live margin lies significantly below its public one
     (``live.hi + tol < public.lo``: it fell from its claim, not merely to the edge of the band).
@@ -343,7 +343,7 @@ def live_gate(public_suite: dict, live_suite: dict, est_name: str,
         public_suite: ``results["suite"]`` of the public evaluation.
         live_suite: ``results["suite"]`` of the evaluation on the live draw.
         est_name: the entry's estimator name (for the reason).
-        tol: the cross-machine tolerance (``benchmark.causal.CROSS_MACHINE_TOLERANCE``).
+        tol: the cross-machine tolerance (``benchmark.causal.score.CROSS_MACHINE_TOLERANCE``).
 
     Returns:
         ``(ok, reason)``; the reason states both margins.

@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmark.checklist import with_live_item
 from benchmark.errors import BenchmarkError, InputFileError
-from benchmark.requirements import RequirementError, parse_requirements
+from benchmark.sandbox.requirements import RequirementError, parse_requirements
 from benchmark.untrusted import unsafe_characters
 
 __all__ = [
@@ -105,7 +105,8 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
     Returns:
         A new dict with the keys of :data:`ALLOWED_KEYS` that are set (``kind`` defaults to
         ``"estimator"``), in that order; ``requirements`` (exact pins, validated by
-        :func:`benchmark.requirements.parse_requirements`) with normalized names, omitted when
+        :func:`benchmark.sandbox.requirements.parse_requirements`) with normalized names, omitted
+        when
         empty.
 
     Raises:
@@ -387,7 +388,7 @@ def submit(
         force: replace an existing submission of that name.
         progress: show progress bars.
         requirements: exact pins ``name==version`` the estimator needs (installed into its own
-            environment, :mod:`benchmark.requirements`); None reads them from an existing
+            environment, :mod:`benchmark.sandbox.requirements`); None reads them from an existing
             ``<submissions_dir>/<name>/submission.yaml`` (none when there is no such file).
         time_limit: wall-time limit of the estimator's sandbox in seconds (default 600).
         live: also score the entry on a live draw (:mod:`benchmark.live`) and record it under
@@ -404,9 +405,9 @@ def submit(
         EstimatorContractError: the estimator breaks the contract.
     """
     from benchmark.evaluate import evaluate, write_results
-    from benchmark.isolation import Limits, inspect_isolated
-    from benchmark.requirements import ensure_env
-    from benchmark.sandbox import require_sandbox
+    from benchmark.sandbox.isolation import Limits, inspect_isolated
+    from benchmark.sandbox.layers import require_sandbox
+    from benchmark.sandbox.requirements import ensure_env
 
     src = Path(estimator_file)
     require_sandbox("bt-bench submit")
@@ -554,7 +555,7 @@ def compare_results(committed: object, recomputed: object, tol: float = FLOAT_TO
     including ints, strings, booleans and ``None``, must be equal. Missing keys are drifts.
     """
     out: list[Drift] = []
-    from benchmark.causal import is_encoded_array
+    from benchmark.causal.score import is_encoded_array
 
     if is_encoded_array(committed) or is_encoded_array(recomputed):
         return _compare_arrays(committed, recomputed, tol, _path)
@@ -596,12 +597,12 @@ MAX_ARRAY_DRIFTS = 3
 
 
 def _compare_arrays(committed: object, recomputed: object, tol: float, path: str) -> list[Drift]:
-    """Compare two encoded arrays (``benchmark.causal.encode_array``) by their numbers.
+    """Compare two encoded arrays (``benchmark.causal.score.encode_array``) by their numbers.
 
     Each value is compared as a float (within ``CAUSAL_TOLERANCE`` under a causal path), never
     the encoded string; a drift names the value's index, ``path[i, j, k]``.
     """
-    from benchmark.causal import CausalDataError, decode_array
+    from benchmark.causal.score import CausalDataError, decode_array
 
     try:
         a, b = decode_array(committed), decode_array(recomputed)
@@ -706,7 +707,7 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     The estimator is re-evaluated with the standard :class:`~benchmark.evaluate.EvalSettings`
     on ``release`` (default: the release id recorded in ``results.json``), so results produced
     with other settings show up as drift in ``settings.*``. Its declared ``requirements`` are
-    installed first into their own environment (:func:`benchmark.requirements.ensure_env`),
+    installed first into their own environment (:func:`benchmark.sandbox.requirements.ensure_env`),
     whose interpreter runs the estimator.
 
     Live draws (:mod:`benchmark.live`): every draw recorded under ``results["live"]`` is rebuilt
@@ -715,7 +716,7 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     draw's numbers cannot be reproduced here and are reported as a note, not a failure. With
     ``live_draw``, the entry is also scored on that new draw and fails when its public suite
     score is significantly above the random band but its live one is not
-    (:func:`benchmark.live.live_gate`, with :data:`benchmark.causal.CROSS_MACHINE_TOLERANCE`).
+    (:func:`benchmark.live.live_gate`, with :data:`benchmark.causal.score.CROSS_MACHINE_TOLERANCE`).
 
     Args:
         path: the submission folder.
@@ -737,8 +738,8 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     from benchmark.contract import file_sha256
     from benchmark.evaluate import evaluate, write_results
     from benchmark.io import read_json
-    from benchmark.isolation import Limits
-    from benchmark.sandbox import require_sandbox
+    from benchmark.sandbox.isolation import Limits
+    from benchmark.sandbox.layers import require_sandbox
 
     require_sandbox("bt-bench verify")
     sub = load_submission(path)
@@ -846,7 +847,7 @@ def _live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, p
                 limits, env, report: VerifyReport) -> None:
     """Score ``sub`` on live draw ``draw_id`` and apply :func:`benchmark.live.live_gate`."""
     from benchmark import live
-    from benchmark.causal import CROSS_MACHINE_TOLERANCE
+    from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
 
     scale = scale or live.LIVE_SCALE
     cmd = f"bt-bench verify {sub.path} --live-draw {draw_id}" + (
@@ -888,7 +889,7 @@ def _live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, p
 
 def _submission_env(sub: Submission, envs: dict, report: VerifyReport):
     """The installed environment of ``sub``'s requirements (None without); errors go to report."""
-    from benchmark.requirements import ensure_env
+    from benchmark.sandbox.requirements import ensure_env
 
     pins = tuple(sub.meta.get("requirements", ()))
     if not pins:
@@ -937,7 +938,7 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
     each entry's recomputed results there (:func:`verify_submission`).
     """
     from benchmark import live
-    from benchmark.sandbox import require_sandbox
+    from benchmark.sandbox.layers import require_sandbox
 
     require_sandbox("bt-bench verify")  # before a live draw is built
     folders = [Path(p) for p in paths] if paths else find_submissions(submissions_dir)

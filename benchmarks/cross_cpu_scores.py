@@ -141,8 +141,8 @@ def _scores(td, impl: str) -> dict[str, np.ndarray]:
 def child(args) -> None:
     import torch
 
-    from benchmark.data import load_seed
-    from benchmark.release import load_release
+    from benchmark.releases.data import load_seed
+    from benchmark.releases.release import load_release
 
     torch.set_num_threads(args.threads)
     rel = load_release(args.release)

@@ -28,7 +28,7 @@ def run(est: Path, release: str, causal: bool) -> dict:
     evaluate(est, release, EvalSettings(causal=causal), progress=False, timings=timings)
     timings["total"] = time.perf_counter() - t0
     lanes = timings.pop("replay workers", [])
-    if lanes:  # one fact per worker: its start-up, its batches (benchmark.replays.run_jobs)
+    if lanes:  # one fact per worker: its start-up, its batches (benchmark.causal.replays.run_jobs)
         batches = [b for w in lanes for b in w["batches"]]
         timings["  replay workers: start-up (max)"] = max(w["start"] or 0.0 for w in lanes)
         timings["  replay workers: batches"] = len(batches)

@@ -15,7 +15,8 @@ Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [-
    Checkpoint folders are empty (``load_seed`` only needs their paths).
 2. Throughput, in one fresh process (``--n-rollouts``): with the page cache warm, a plain
    sequential read of ``sketches.npy`` (``readinto`` a reused 16 MiB buffer) against GAS
-   ``score_rollouts`` on the rollout view and on the step view that ``benchmark.data`` builds
+   ``score_rollouts`` on the rollout view and on the step view that ``benchmark.releases.data``
+   builds
    (the views ``load_view`` returns), in GB/s of sketch-file bytes; best of ``--repeats``, by
    wall-clock time and by CPU time of the process (less inflated by other processes). Also:
    the memory map converted to float32 by numpy (what any numpy reader pays), GAS with the
@@ -32,7 +33,8 @@ Usage: python benchmarks/paper_scale_eval.py [--out DIR] [--n-rollouts 16000] [-
    resident: it stays small when ``SketchRows`` releases each chunk with
    ``madvise(MADV_DONTNEED)``) and ``VmPeak`` (address space: the memory map counts in full
    against ``RLIMIT_AS``).
-4. ``--isolated``: GAS through the real sandbox, ``benchmark.isolation.score_isolated`` (main run
+4. ``--isolated``: GAS through the real sandbox, ``benchmark.sandbox.isolation.score_isolated``
+(main run
    and determinism re-run) on the ``--n-rollouts`` release; ok or the error, and the wall time.
 
 ``--precision`` chooses the reductions of ``benchmark.view.SketchRows`` (``float64``: the default,
@@ -133,7 +135,7 @@ def make_release(out: Path, n: int, dim: int, progress: bool = True) -> Path:
 
     from benchmark.build.presets import get_preset
     from benchmark.build.task import make_tokenizer
-    from benchmark.release import atomic_write_json, atomic_write_parquet, write_manifest
+    from benchmark.releases.release import atomic_write_json, atomic_write_parquet, write_manifest
 
     if n % NPS or n <= 0:
         raise SystemExit(f"--n-rollouts {n}: use a positive multiple of {NPS} "
@@ -283,8 +285,8 @@ class _Sampler:
 
 def _views(release: Path):
     """The release (verified, as the evaluator opens it) and its task data of seed 0."""
-    from benchmark.data import load_seed
-    from benchmark.release import load_release
+    from benchmark.releases.data import load_seed
+    from benchmark.releases.release import load_release
 
     rel = load_release(release)  # verifies every sha256, as the evaluator does
     return load_seed(rel, 0, "gradient", [TASK])[TASK]
@@ -414,7 +416,7 @@ def child_throughput(args) -> dict:
 
 def child_evaluator(args) -> dict:
     """Evaluator side: verify, build views, export the view folder, score the controls."""
-    from benchmark.view_io import export_views
+    from benchmark.sandbox.view_io import export_views
     from estimators.controls.advantage_only import AdvantageOnly
     from estimators.controls.fluency import Fluency
     from estimators.controls.norm_only import NormOnly
@@ -451,7 +453,7 @@ def child_evaluator(args) -> dict:
 
 def child_sandbox(args) -> dict:
     """Sandbox side: load the exported view folder, run every GAS scoring call."""
-    from benchmark.view_io import load_views, score_calls
+    from benchmark.sandbox.view_io import load_views, score_calls
     from estimators.gas import GAS
 
     views = load_views(Path(args.view_dir))
@@ -514,7 +516,7 @@ class GASPrecision(BaseEstimator):
 
 def child_isolated(args) -> dict:
     """GAS through the real sandbox (``score_isolated``: both runs): success and wall time."""
-    from benchmark.isolation import score_isolated
+    from benchmark.sandbox.isolation import score_isolated
 
     td = _views(args.release)
     views = {(0, TASK): (td.rollout_view, td.step_view, td.draws)}
@@ -688,7 +690,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-rss", action="store_true")
     p.add_argument("--isolated", action="store_true",
-                   help="also score GAS through benchmark.isolation.score_isolated")
+                   help="also score GAS through benchmark.sandbox.isolation.score_isolated")
     p.add_argument("--json", type=Path, help="also write the JSON result here")
     p.add_argument("--quick", action="store_true",
                    help="2,048 x 4,096, one size, one repeat (seconds)")

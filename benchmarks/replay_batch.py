@@ -3,7 +3,7 @@
 The *old path* is the executor bt-bench had before the stacked engine: each removal replay
 runs alone in a worker process (``benchmark.build.replay.replay``, batched float64 update),
 resuming from the baseline's state at the last multiple of 10 steps before its first removal;
-two workers, longest job first. The *new path* is ``benchmark.replays.run_jobs``: one stacked
+two workers, longest job first. The *new path* is ``benchmark.causal.replays.run_jobs``: one stacked
 batch per seed and lane, joins at the first removed step, two workers. Both start from a warm
 store (baselines and their states computed before timing) and from processes started before
 timing, so the table compares replay work only; then the same with the baselines computed.
@@ -36,10 +36,10 @@ ESTIMATORS = ("gas", "tracincp", "trak", "c1_dot")
 
 def removal_jobs(release, estimator: str) -> list:
     """The estimator's removal sets on every (seed, task) as replay jobs."""
-    from benchmark import causal as C
+    from benchmark.causal import score as C
+    from benchmark.causal.replays import Job
     from benchmark.contract import load_estimator_file
-    from benchmark.data import load_seed
-    from benchmark.replays import Job
+    from benchmark.releases.data import load_seed
 
     est = load_estimator_file(ROOT / "estimators" / f"{estimator}.py").instantiate()
     jobs = []
@@ -126,7 +126,7 @@ def old_path(release, jobs: list, states_dir: Path, workers: int = 2) -> float:
 def new_path(release, jobs: list, cache: Path, warm: bool, workers: int = 2) -> tuple[float,
                                                                                      dict]:
     """Wall seconds of ``run_jobs`` on ``jobs`` with the baselines stored (``warm``) or not."""
-    from benchmark.replays import ReplayStore, WorkerPool, baseline_job, run_jobs
+    from benchmark.causal.replays import ReplayStore, WorkerPool, baseline_job, run_jobs
 
     os.environ["BT_BENCH_CACHE"] = str(cache)
     store = ReplayStore(release.path, release.manifest_sha256)
@@ -148,7 +148,7 @@ def new_path(release, jobs: list, cache: Path, warm: bool, workers: int = 2) -> 
 
 def main(argv: list[str] | None = None) -> int:
     from benchmark.machine import cpu_name
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--release", default="tiny")

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmark.build import stacked as S
     from benchmark.build.replay import ReplaySeed
     from benchmark.machine import cpu_name
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--release", default="tiny")

@@ -6,7 +6,7 @@ For each (seed, task), GAS's removal sets at every k are replayed to the end of 
 with the batched update's rows in build order and reversed, in float64 (what evaluations use)
 and float32, each against its own empty replay; prints the largest difference of a fraction
 (removal effect / shipped bonus-off effect) per precision. The cross-machine tolerance
-(``benchmark.causal.CROSS_MACHINE_TOLERANCE``) must stay well above these. Measurements, not
+(``benchmark.causal.score.CROSS_MACHINE_TOLERANCE``) must stay well above these. Measurements, not
 tests: about 4 minutes per (seed, task) on one core.
 """
 
@@ -18,9 +18,9 @@ import json
 import numpy as np
 
 from benchmark.build.replay import ReplaySeed, replay
-from benchmark.causal import in_window, load_reference, task_reference, top_k_positions
-from benchmark.data import load_seed
-from benchmark.release import load_release
+from benchmark.causal.score import in_window, load_reference, task_reference, top_k_positions
+from benchmark.releases.data import load_seed
+from benchmark.releases.release import load_release
 from estimators.gas import GAS
 
 

@@ -176,10 +176,10 @@ def label_table(release_dir: str | Path) -> tuple[dict, dict[str, list], dict[st
 
     One entry per (seed, task) rollout view (its group labels) and per generation draw (its
     has-behavior flags), keyed by the template's ``run_key`` / ``draw_key`` of the views the
-    evaluator builds (:func:`benchmark.data.load_seed`, gradient track).
+    evaluator builds (:func:`benchmark.releases.data.load_seed`, gradient track).
     """
-    from benchmark.data import load_seed
-    from benchmark.release import load_release
+    from benchmark.releases.data import load_seed
+    from benchmark.releases.release import load_release
 
     rel = load_release(release_dir)
     info = {"id": rel.release_id, "version": str(rel.manifest.get("release_version")),

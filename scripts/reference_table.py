@@ -6,7 +6,7 @@ Per seed and task: the ground-truth size, the window, the bonus-off effect (the 
 the fraction of it removed at each k by the oracle and provenance, each shipped control's causal
 score, and the random sets' causal scores (min .. max over the families: set i of every k). A
 causal score is the log-k area of the curve on the reference's own grid
-(``benchmark.causal.area``).
+(``benchmark.causal.score.area``).
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import sys
 import numpy as np
 from tabulate import tabulate
 
-from benchmark.causal import area, load_reference, task_reference
-from benchmark.release import load_release
+from benchmark.causal.score import area, load_reference, task_reference
+from benchmark.releases.release import load_release
 
 
 def _curve(ref, name: str) -> str:

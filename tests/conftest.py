@@ -57,8 +57,8 @@ def micro_causal(micro_release, tmp_path_factory) -> Path:
     """The micro release with a causal reference (two random sets per k), built once."""
     import shutil
 
-    from benchmark.causal_reference import install, reference
-    from benchmark.release import load_release
+    from benchmark.causal.reference import install, reference
+    from benchmark.releases.release import load_release
 
     out = tmp_path_factory.mktemp("micro_causal") / "rel"
     shutil.copytree(micro_release, out)

@@ -17,7 +17,7 @@ from benchmark.build.grpo import (
     sum_rows,
 )
 from benchmark.errors import BuildError, ReleaseError
-from benchmark.release import load_release
+from benchmark.releases.release import load_release
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmark import causal as C
+from benchmark.causal import score as C
 
 
 def test_k_grid_and_removal_sets():
@@ -276,8 +276,8 @@ def test_permuting_a_methods_scores_permutes_its_removal_sets():
 
 def test_causal_results_on_micro_replay_shipped_and_new_sets(micro_causal, tmp_path,
                                                              monkeypatch):
-    from benchmark.release import load_release
-    from benchmark.replays import ReplayStore
+    from benchmark.causal.replays import ReplayStore
+    from benchmark.releases.release import load_release
 
     monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "cache"))
     rel = load_release(micro_causal)
@@ -321,7 +321,7 @@ def test_causal_results_on_micro_replay_shipped_and_new_sets(micro_causal, tmp_p
 
 def test_another_summation_order_changes_no_causal_number(micro_causal, tmp_path, monkeypatch):
     """Emulate another CPU: the batched updates sum in another order; float64 replays agree."""
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     rel = load_release(micro_causal)
     n = C.load_reference(micro_causal, 1)["n_rollouts"]
@@ -353,9 +353,9 @@ def test_a_failed_replay_worker_is_a_clear_error_that_keeps_the_finished_replays
         micro_causal, tmp_path, monkeypatch):
     """One lane fails (its seed is not in the release), the other finishes: the error says
     what failed and that the finished replays are kept; a rerun finds them stored."""
+    from benchmark.causal.replays import Job, ReplayError, ReplayStore, run_jobs
     from benchmark.errors import BenchmarkError
-    from benchmark.release import load_release
-    from benchmark.replays import Job, ReplayError, ReplayStore, run_jobs
+    from benchmark.releases.release import load_release
 
     monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "cache"))
     rel = load_release(micro_causal)

@@ -257,7 +257,7 @@ def test_live_item_is_inconclusive_without_live_draws_or_scores():
     it = C.live_item({"tasks": ["a"]}, _live("m", _iv(.4, .37, .44)), "m", .01)
     assert it["verdict"] == C.INCONCLUSIVE and it["public"] is None
     # the default tolerance is the cross-machine one
-    from benchmark.causal import CROSS_MACHINE_TOLERANCE
+    from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
 
     assert C.live_item(pub, [], "m")["tolerance"] == CROSS_MACHINE_TOLERANCE
 

@@ -30,8 +30,8 @@ def two_node_cluster():
 
 
 def _jobs(rel, seeds=(0, 1)):
-    from benchmark import causal as C
-    from benchmark.replays import Job
+    from benchmark.causal import score as C
+    from benchmark.causal.replays import Job
 
     jobs = []
     for s in seeds:
@@ -49,10 +49,10 @@ def _jobs(rel, seeds=(0, 1)):
 
 def test_ray_cluster_replays_equal_the_local_ones(two_node_cluster, micro_causal, tmp_path,
                                                    monkeypatch):
-    from benchmark.cluster import cluster_fingerprint
+    from benchmark.causal.cluster import cluster_fingerprint
+    from benchmark.causal.replays import baseline_job, open_store, run_jobs
     from benchmark.machine import fingerprint
-    from benchmark.release import load_release
-    from benchmark.replays import baseline_job, open_store, run_jobs
+    from benchmark.releases.release import load_release
 
     rel = load_release(micro_causal)
     assert cluster_fingerprint()["key"] == fingerprint()["key"]  # one machine here
@@ -87,8 +87,8 @@ def test_ray_cluster_replays_equal_the_local_ones(two_node_cluster, micro_causal
 
 def test_same_causal_numbers_from_both_executors(two_node_cluster, micro_causal, tmp_path,
                                                   monkeypatch):
-    from benchmark import causal as C
-    from benchmark.release import load_release
+    from benchmark.causal import score as C
+    from benchmark.releases.release import load_release
 
     rel = load_release(micro_causal)
     n = C.load_reference(micro_causal, 2)["n_rollouts"]
@@ -103,7 +103,7 @@ def test_same_causal_numbers_from_both_executors(two_node_cluster, micro_causal,
 
 
 def test_a_mixed_cluster_is_refused(monkeypatch):
-    from benchmark import cluster
+    from benchmark.causal import cluster
 
     fps = iter([{"node": "a" * 16, "fingerprint": {"key": "k1", "cpu": "CPU one"}},
                 {"node": "b" * 16, "fingerprint": {"key": "k2", "cpu": "CPU two"}}])

@@ -119,8 +119,8 @@ def test_an_all_ties_entry_lands_in_the_random_band():
     """Ties at the top-k boundary are completed at random, not by rollout order: an entry whose
     scores are all equal removes random rollouts and scores like them (before, it removed the
     earliest rollouts, step-order's sets, and scored above the band on qzxbt)."""
-    from benchmark import causal as C
-    from benchmark.release import load_release
+    from benchmark.causal import score as C
+    from benchmark.releases.release import load_release
 
     rel = load_release("tiny")
     n = C.load_reference(rel.path, 0)["n_rollouts"]

@@ -245,8 +245,8 @@ def drawn(tmp_path_factory):
 
 
 def test_build_draw_records_the_draw_and_loads(drawn):
-    from benchmark.data import load_seed
-    from benchmark.release import load_release
+    from benchmark.releases.data import load_seed
+    from benchmark.releases.release import load_release
 
     m = json.loads((drawn / "manifest.json").read_text())
     fam = m["build"]["family"]

@@ -22,9 +22,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from benchmark import hub
 from benchmark.errors import ReleaseError
-from benchmark.release import MANIFEST, load_release, resolve_release
+from benchmark.releases import hub
+from benchmark.releases.release import MANIFEST, load_release, resolve_release
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "releases" / "tiny"

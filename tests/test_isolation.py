@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import cgroups, sandbox
 from benchmark.cli import main
-from benchmark.isolation import TEMP_PREFIX, IsolationError, Limits
+from benchmark.sandbox import cgroups
+from benchmark.sandbox import layers as sandbox
+from benchmark.sandbox.isolation import TEMP_PREFIX, IsolationError, Limits
 from tests.wheels import build_wheel, offline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,7 +150,7 @@ FORGED_META = (
 # the estimator replaces the sandbox's own sender (it controls its whole process): the frame
 # carries a real key, so only the header checks stand between it and the evaluator
 FORGE_ARRAY = """import io
-import benchmark.channel as _ch
+import benchmark.sandbox.channel as _ch
 
 def _forge(fd, key, arr):
     b = io.BytesIO()
@@ -471,7 +472,7 @@ def test_import_time_code_never_runs_in_the_evaluator(micro_release, tmp_path, c
 def test_signals_to_the_evaluator_remove_everything(sig, micro_release, tmp_path):
     """The evaluator is stopped while the estimator runs: the sandbox dies with it; its folders
     go at once (SIGTERM) or at the next evaluation (SIGKILL cannot be caught)."""
-    from benchmark.isolation import _remove_stale
+    from benchmark.sandbox.isolation import _remove_stale
 
     est = hostile(tmp_path, "time.sleep(600)")
     proc = subprocess.Popen(
@@ -512,7 +513,7 @@ def test_signals_to_the_evaluator_remove_everything(sig, micro_release, tmp_path
 @needs_bwrap
 def test_the_sandbox_is_checked_from_outside(micro_release, tmp_path, capsys, monkeypatch):
     """A sandbox that comes up without its seccomp filters is refused before any estimator code."""
-    from benchmark import seccomp
+    from benchmark.sandbox import seccomp
 
     monkeypatch.setattr(seccomp, "build_filters", lambda: ([], "none"))
     est = hostile(tmp_path, "pass", prelude="print('estimator code ran')")
@@ -624,7 +625,7 @@ def test_every_route_is_closed(micro_release, tmp_path, capsys, monkeypatch):
 def test_another_interpreter_and_extra_read_only_paths(tmp_path):
     """``python`` runs inside (its installation bound); ``extra_read_only`` paths are readable;
     a folder holding a git repository is never bound."""
-    from benchmark.isolation import inspect_isolated
+    from benchmark.sandbox.isolation import inspect_isolated
 
     data = tmp_path / "env-data"
     data.mkdir()
@@ -750,7 +751,7 @@ def test_a_requirements_smoke_test_runs_in_the_sandbox(micro_release, tmp_path, 
     """The smoke test imports every requirement in the sandbox: a wheel whose import-time code
     and .pth try to read labels, a CI secret and write outside reach nothing, and its failure
     comes back as a clear error, its report shown as the requirement's own text."""
-    from benchmark.requirements import RequirementError, ensure_env
+    from benchmark.sandbox.requirements import RequirementError, ensure_env
 
     token = f"{os.getpid()}-smoke"
     monkeypatch.setenv("BT_BENCH_TEST_CI_SECRET", f"ci-secret-{token}")
@@ -829,7 +830,7 @@ def test_a_temporary_folder_the_sandbox_user_cannot_reach_is_named(checked, micr
     """bt-bench as root with TMPDIR under a 0700 folder: the fresh uid cannot reach the staging
     folder. Refused up front naming the folder and the fix; and were that check missing, the
     launcher's or bubblewrap's own complaint is reported as the sandbox failing to start."""
-    from benchmark import isolation
+    from benchmark.sandbox import isolation
 
     private = Path(tempfile.mkdtemp(prefix="bt-private-"))  # 0700, owned by root
     (private / "tmp").mkdir(mode=0o777)
@@ -908,7 +909,7 @@ def test_submit_and_verify_refuse_without_bubblewrap(no_bwrap, tmp_path, capsys)
 
 def test_evaluate_without_bubblewrap_warns_and_records_it(no_bwrap, micro_release, tmp_path,
                                                           capsys):
-    from benchmark import isolation
+    from benchmark.sandbox import isolation
 
     isolation._WARNED.clear()
     est = REPO / "estimators" / "examples" / "my_estimator.py"

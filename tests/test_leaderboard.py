@@ -255,7 +255,7 @@ def test_rank_key_is_a_parameter():
 def test_pairwise_table_is_every_ordered_pair_of_paired_differences():
     import numpy as np
 
-    from benchmark import causal as C
+    from benchmark.causal import score as C
     from benchmark.leaderboard.paired import pairwise
 
     rng = np.random.default_rng(0)
@@ -787,7 +787,7 @@ def test_ranks_and_pairwise_table_follow_from_the_stored_curves(board):
 
 
 def test_a_results_file_whose_curve_does_not_give_its_scores_is_refused(tmp_path):
-    from benchmark.causal import decode_array, encode_array
+    from benchmark.causal.score import decode_array, encode_array
 
     root = tmp_path / "submissions"
     res = load_results("gas")
@@ -856,10 +856,10 @@ def test_empty_submissions_give_an_empty_board(tmp_path):
 
 def _rescore_causal(res: dict) -> dict:
     """Recompute a results dict's causal scores (per task and the suite) from its stored curves
-    with ``benchmark.causal.replicates``: the mean over seeds of the per-seed replicates."""
+    with ``benchmark.causal.score.replicates``: the mean over seeds of the per-seed replicates."""
     import numpy as np
 
-    from benchmark import causal as C
+    from benchmark.causal import score as C
 
     est = res["estimator"]["name"]
     settings = C.settings_of(res["settings"])

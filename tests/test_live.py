@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmark import live as L
-from benchmark.causal import CROSS_MACHINE_TOLERANCE, band_margins, mean_over_seeds
+from benchmark.causal.score import CROSS_MACHINE_TOLERANCE, band_margins, mean_over_seeds
 from benchmark.cli import main
 from benchmark.errors import BuildError
 
@@ -102,7 +102,7 @@ def live5() -> Path:
 
 def test_live_release_is_a_release_with_a_lean_reference(live5):
     from benchmark.build.family import FAMILY_VERSION, draw_config
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     assert live5 == L.live_dir(DRAW, SCALE) and L.cached_release(DRAW, SCALE) == live5
     rel = load_release(live5)
@@ -128,7 +128,7 @@ def test_live_release_is_a_release_with_a_lean_reference(live5):
 def test_same_id_reuses_the_cache_and_rebuilds_the_same_run(live5, monkeypatch, tmp_path):
     import shutil
 
-    from benchmark.release import MANIFEST
+    from benchmark.releases.release import MANIFEST
 
     sha = _sha(live5 / MANIFEST)
     run = L.run_sha256(json.loads((live5 / MANIFEST).read_text()))
@@ -165,7 +165,7 @@ def test_interrupted_build_leaves_no_cache_entry(monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("benchmark.causal_reference.reference", interrupted)
+    monkeypatch.setattr("benchmark.causal.reference.reference", interrupted)
     with pytest.raises(KeyboardInterrupt):
         L.live_release(8, SCALE, progress=False)
     final = L.live_dir(8, SCALE)
@@ -219,7 +219,7 @@ def live_sub(micro_causal, live5, tmp_path_factory) -> Path:
 
 def test_submit_records_the_live_draw(live_sub, live5):
     from benchmark.build.family import FAMILY_VERSION
-    from benchmark.release import MANIFEST
+    from benchmark.releases.release import MANIFEST
 
     res = json.loads((live_sub / "results.json").read_text())
     rec = res["live"]
@@ -305,8 +305,8 @@ def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro
     public score and falls to the random band on a live draw: the live check fails it, naming
     the draw and the command that reproduces it."""
     from benchmark.contract import load_estimator_file
-    from benchmark.data import load_seed
-    from benchmark.release import load_release
+    from benchmark.releases.data import load_seed
+    from benchmark.releases.release import load_release
     from benchmark.submissions import submit, verify_submission
 
     rel = load_release(micro_causal)

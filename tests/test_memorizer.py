@@ -92,8 +92,8 @@ def test_on_its_release_it_scores_like_the_oracle(memorizer, micro_release):
 
 
 def test_on_another_run_every_score_is_equal(memorizer, other_build):
-    from benchmark.data import load_seed
-    from benchmark.release import load_release
+    from benchmark.releases.data import load_seed
+    from benchmark.releases.release import load_release
 
     est = _load(memorizer)
     rel = load_release(other_build)

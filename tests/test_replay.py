@@ -25,7 +25,7 @@ from benchmark.build.replay import (
 )
 from benchmark.errors import BuildError
 from benchmark.machine import kernel_match
-from benchmark.release import resolve_release
+from benchmark.releases.release import resolve_release
 
 TINY = resolve_release("tiny")
 TINY0 = TINY / "seed0"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmark import requirements as R
-from benchmark.isolation import inspect_isolated
-from benchmark.requirements import (
+from benchmark.sandbox import requirements as R
+from benchmark.sandbox.isolation import inspect_isolated
+from benchmark.sandbox.requirements import (
     CORE_PACKAGES,
     RequirementError,
     SubmissionEnv,
@@ -358,7 +358,7 @@ def test_verify_advice_for_other_failures_is_to_fix_the_estimator(tmp_path):
 
 
 def test_verify_reports_an_uninstallable_requirement_with_its_fix(tmp_path, monkeypatch):
-    from benchmark import sandbox
+    from benchmark.sandbox import layers as sandbox
     from benchmark.submissions import verify_submission
 
     if not sandbox.probe().full:

@@ -334,7 +334,7 @@ def test_compare_results_tolerance_and_types():
 def test_compare_results_decodes_stored_arrays_and_compares_their_numbers():
     import numpy as np
 
-    from benchmark.causal import encode_array
+    from benchmark.causal.score import encode_array
     from benchmark.submissions import CAUSAL_TOLERANCE
 
     x = np.linspace(-0.5, 0.5, 24).reshape(2, 3, 4)

@@ -3,7 +3,7 @@
 Each entry's ``results.json`` stores, per (task, seed), its per-prompt removal changes at every k
 (``tasks.<t>.causal.per_seed.<s>.methods.<estimator>.prompt_deltas``) beside what every method
 shares (the grid, the bonus-off change, the random sets' effects). :func:`entry_replicates`
-turns them into the entry's bootstrap replicates with :func:`benchmark.causal.replicates`, the
+turns them into the entry's bootstrap replicates with :func:`benchmark.causal.score.replicates`, the
 function the evaluator used, and checks that they give the entry's recorded scores.
 :func:`pairwise` compares every ordered pair of a table's entries on those replicates: the prompt
 resample is shared by every evaluation of a release, the training-noise draw is each entry's own.
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from benchmark import causal as C
+from benchmark.causal import score as C
 from benchmark.leaderboard._common import LeaderboardError, get, seed_key
 
 __all__ = ["RECOMPUTE_TOLERANCE", "causal_settings", "entry_replicates", "pairwise",
@@ -132,7 +132,7 @@ def pairwise(reps: dict[str, tuple[float, np.ndarray]], level: float) -> dict[st
     """Every ordered pair's paired difference: ``{a: {b: {"point", "lo", "hi", "verdict"}}}``.
 
     ``verdict`` is ``better`` when ``a - b``'s interval lies above the cross-machine tolerance,
-    ``worse`` when below minus it, ``tie`` otherwise (:func:`benchmark.causal.significance`).
+    ``worse`` when below minus it, ``tie`` otherwise (:func:`benchmark.causal.score.significance`).
     """
     names = sorted(reps)
     return {a: {b: C.paired_difference(reps[a], reps[b], level) for b in names if b != a}

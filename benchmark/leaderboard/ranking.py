@@ -1,7 +1,7 @@
 """The ranking rule: rank = 1 + the number of entries significantly better; ties never chain.
 
 An entry's rank counts the entries of its table that are *significantly better* than it. With
-causal scores that is a paired comparison (:func:`benchmark.causal.paired_difference`: the
+causal scores that is a paired comparison (:func:`benchmark.causal.score.paired_difference`: the
 difference of the two entries' bootstrap replicates has an interval whose lower end clears 0 by
 the cross-machine tolerance); the caller passes it as ``better``. Without a pairing (precision on
 releases without a causal reference) an entry is significantly better when its whole interval

@@ -2,7 +2,7 @@
 
 A published release is a Hub *dataset* repository whose files are the release folder
 (``manifest.json`` + ``seed<S>/...``, see ``docs/release_format.md``) plus a dataset card
-(``README.md``). The registry (``benchmark/registry.json``, or the file named by
+(``README.md``). The registry (``benchmark/releases/registry.json``, or the file named by
 ``$BT_BENCH_REGISTRY``) pins each release id to a repo id, a commit SHA and the sha256 of its
 ``manifest.json``; the manifest in turn holds the sha256 of every file. So a downloaded copy is
 checked end to end: registry -> manifest -> every file.
@@ -13,7 +13,7 @@ they work offline from that cache (``HF_HUB_OFFLINE=1``). A file that fails its 
 never used: online it is fetched again (``force_download``), offline the error names it and the fix.
 
 Example:
-    >>> from benchmark.hub import download_release          # doctest: +SKIP
+    >>> from benchmark.releases.hub import download_release          # doctest: +SKIP
     >>> got = download_release("tiny", revision="0123...")   # doctest: +SKIP
     >>> load_release(got.path).hub_revision                  # doctest: +SKIP
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark.errors import ReleaseError
-from benchmark.release import MANIFEST, SCHEMA_VERSION, sha256_file, verify_release
+from benchmark.releases.release import MANIFEST, SCHEMA_VERSION, sha256_file, verify_release
 
 REPO_TYPE = "dataset"
 CARD_FILE = "README.md"
@@ -686,6 +686,6 @@ def push_command(args: argparse.Namespace) -> int:
     entry = {m["release_id"]: {"repo_id": args.repo_id, "revision": info.oid,
                                "manifest_sha256": msha}}
     print(f"bt-bench: pushed {root} to https://huggingface.co/datasets/{args.repo_id} at "
-          f"{info.oid}\nadd this to the 'releases' of benchmark/registry.json:\n"
+          f"{info.oid}\nadd this to the 'releases' of benchmark/releases/registry.json:\n"
           f"{json.dumps(entry, indent=2)}")
     return 0

@@ -80,7 +80,7 @@ def _behavior(spec: dict, tokenizer_dir: Path) -> Behavior:
 def load_seed(release, seed: int, track: str = "gradient",
               tasks: list[str] | None = None) -> dict[str, TaskData]:
     """Views and labels of every task (or ``tasks``) of one seed of ``release``."""
-    from benchmark.release import Release, load_release
+    from benchmark.releases.release import Release, load_release
 
     rel = release if isinstance(release, Release) else load_release(release)
     sv = rel.seed(seed)
@@ -193,7 +193,7 @@ def load_view(release="tiny", seed: int = 0, task: str | None = None, track: str
         track: ``"gradient"`` or ``"open"`` (adds text, token ids and task rewards).
         granularity: ``"rollout"`` or ``"step"``.
     """
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     if granularity not in GRANULARITIES:
         raise BenchmarkError(f"granularity {granularity!r} is not one of {GRANULARITIES}")
@@ -206,7 +206,7 @@ def load_view(release="tiny", seed: int = 0, task: str | None = None, track: str
 def load_draws(release="tiny", seed: int = 0, task: str | None = None,
                track: str = "gradient") -> list[DrawView]:
     """The generation draws an estimator's ``score_draw`` gets for ``(seed, task)``."""
-    from benchmark.release import load_release
+    from benchmark.releases.release import load_release
 
     rel = load_release(release)
     task = task or rel.tasks[0]

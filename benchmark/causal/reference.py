@@ -6,15 +6,15 @@ path reproduces the shipped checkpoints bit for bit on the build machine), then 
 * the baseline (nothing removed) and bonus-off replays, measured at the task's window end;
 * the **oracle** (group labels) and **provenance** (rollout labels) removal curves;
 * the **controls'** removal curves (each control file run on the release's own views);
-  every method's sets on the grid :data:`benchmark.causal.K_FRACTIONS` of |GT|, with fair ties
-  (tie completion 0 of :func:`benchmark.causal.removal_sets`: the oracle's k < |GT| removes a
+  every method's sets on the grid :data:`benchmark.causal.score.K_FRACTIONS` of |GT|, with fair ties
+  (tie completion 0 of :func:`benchmark.causal.score.removal_sets`: the oracle's k < |GT| removes a
   seeded random k of the labelled rollouts), the same sets an evaluation computes;
 * :data:`N_RANDOM` random removal sets at every k of the grid, drawn uniformly from the rollouts
   before the window end (the random band and the training noise of every causal score);
 
 each with its per-prompt measure, so an evaluation only replays the estimator's own removals.
 
-Usage: ``python -m benchmark.causal_reference RELEASE_DIR [--seeds 0 1 2] [--workers 2]``
+Usage: ``python -m benchmark.causal.reference RELEASE_DIR [--seeds 0 1 2] [--workers 2]``
 computes every seed (resumable: replays are kept in the machine's replay store) and rewrites the
 manifest.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import causal as C
+from benchmark.causal import score as C
 
 N_RANDOM = 8
 
@@ -40,8 +40,8 @@ def control_scores(release, seed: int, task: str) -> dict:
     read text, so they get the open view.
     """
     from benchmark.contract import load_estimator_file
-    from benchmark.data import load_seed
     from benchmark.evaluate import control_files
+    from benchmark.releases.data import load_seed
 
     out = {}
     gradient = control_files("gradient")
@@ -95,8 +95,7 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
     records ``"lean": true``; a full reference's output is unchanged.
     """
     from benchmark.build.replay import ReplaySeed
-    from benchmark.machine import fingerprint
-    from benchmark.replays import (
+    from benchmark.causal.replays import (
         REPLAY_ENGINE,
         REPLAY_PRECISION,
         REPLAY_VERSION,
@@ -104,6 +103,7 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         open_store,
         run_jobs,
     )
+    from benchmark.machine import fingerprint
 
     seed_dir = release.path / f"seed{seed}"
     ctx = ReplaySeed(seed_dir, precision=REPLAY_PRECISION)
@@ -200,7 +200,7 @@ def zlib_crc(text: str) -> int:
 
 def install(release_dir: str | Path, data: dict[int, dict]) -> dict:
     """Write ``seed<S>/causal.json`` for each seed and rewrite the manifest (sha256 of all)."""
-    from benchmark.release import MANIFEST, atomic_write_json, write_manifest
+    from benchmark.releases.release import MANIFEST, atomic_write_json, write_manifest
 
     root = Path(release_dir)
     manifest = json.loads((root / MANIFEST).read_text())
@@ -228,10 +228,10 @@ def _r(x: float | None) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmark.causal_reference RELEASE_DIR [--seeds ...]``."""
-    from benchmark.release import load_release
+    """``python -m benchmark.causal.reference RELEASE_DIR [--seeds ...]``."""
+    from benchmark.releases.release import load_release
 
-    ap = argparse.ArgumentParser(prog="python -m benchmark.causal_reference")
+    ap = argparse.ArgumentParser(prog="python -m benchmark.causal.reference")
     ap.add_argument("release_dir")
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--workers", type=int, default=2)

@@ -21,7 +21,8 @@ none of its code ever runs outside the estimator sandbox. Installing a wheel run
 code (pip unpacks files, byte-compiles the ``.py`` files, which parses them and runs nothing,
 and writes entry-point scripts that nothing runs); a wheel that would replace a file of the
 environment itself (its interpreter link, ``pyvenv.cfg``) is refused. The smoke test runs in
-the sandbox (:func:`benchmark.isolation.smoke_isolated`) with the new environment's interpreter:
+the sandbox (:func:`benchmark.sandbox.isolation.smoke_isolated`) with the new environment's
+interpreter:
 it imports torch and transformers and loads a tiny Qwen2 model with ``AutoModelForCausalLM``
 (the way estimators load checkpoints), then imports every top-level module of every requirement.
 A failure names the requirement that broke which core package, the last lines of the error and
@@ -29,7 +30,7 @@ the fix. Its report is the requirements' own word (they run in the same process)
 error messages, never security; the installed versions are read from the wheels' metadata.
 
 Example:
-    >>> from benchmark.requirements import ensure_env                    # doctest: +SKIP
+    >>> from benchmark.sandbox.requirements import ensure_env                    # doctest: +SKIP
     >>> env = ensure_env(["kronfluence==1.0.1", "accelerate==1.15.0"])   # doctest: +SKIP
     >>> env.python, env.record()                                         # doctest: +SKIP
 """
@@ -485,7 +486,8 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
 
     Args:
         requirements: pins as in ``submission.yaml`` (validated with :func:`parse_requirements`).
-        cache: the cache folder (default :func:`benchmark.replays.cache_root`); environments live
+        cache: the cache folder (default :func:`benchmark.causal.replays.cache_root`); environments
+        live
             in its ``envs/`` folder.
         pip_args: extra ``pip install`` options (e.g. ``["--no-index", "--find-links", DIR]``
             for an offline wheel folder; ``PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR`` in the
@@ -504,7 +506,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
         IsolationError: the sandbox of the smoke test cannot start (e.g. its unprivileged user
             cannot reach the temporary folder).
     """
-    from benchmark.replays import cache_root
+    from benchmark.causal.replays import cache_root
 
     pins = parse_requirements(list(requirements), where)
     if not pins:
@@ -775,7 +777,7 @@ def _run_smoke(sandbox_kwargs: dict, modules: dict[str, list[str]], core_only: b
     ``sandbox_kwargs``: the environment's (``SubmissionEnv.sandbox_kwargs``), or ``{}`` for
     bt-bench's own interpreter.
     """
-    from benchmark.isolation import Limits, smoke_isolated
+    from benchmark.sandbox.isolation import Limits, smoke_isolated
 
     return smoke_isolated({"modules": modules, "core_only": core_only},
                           Limits(wall_seconds=SMOKE_TIMEOUT), **sandbox_kwargs)

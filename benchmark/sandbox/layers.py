@@ -5,15 +5,16 @@
   but read-only binds of exactly what the estimator may read; private size-limited tmpfs for
   ``/tmp`` and ``/dev/shm``; a minimal ``/dev``; a new session; dies with its parent
   (:func:`bwrap_argv`);
-* **seccomp** (:mod:`benchmark.seccomp`): an allow-list of system calls plus argument checks;
+* **seccomp** (:mod:`benchmark.sandbox.seccomp`): an allow-list of system calls plus argument
+checks;
 * **an unprivileged uid**: when the evaluator runs as root, the launcher
-  (:mod:`benchmark._launch`) drops to a fresh uid of its own before starting bubblewrap
+  (:mod:`benchmark.sandbox._launch`) drops to a fresh uid of its own before starting bubblewrap
   (:func:`sandbox_uid`); otherwise the sandbox runs as the caller's uid, without capabilities;
 * **Landlock** (Linux >= 5.13), the inner layer, applied by the sandboxed process to itself
   before the estimator is loaded (:func:`apply_landlock`): read-only beneath the bound paths,
   writes beneath ``/tmp`` and ``/dev/shm`` only, no TCP, no ioctl on devices, and (Linux >= 6.12)
   no signals or abstract unix sockets beyond its own domain;
-* **limits of the process tree**: :mod:`benchmark.cgroups` and resource limits set by the
+* **limits of the process tree**: :mod:`benchmark.sandbox.cgroups` and resource limits set by the
   launcher.
 
 Without bubblewrap or user namespaces, :func:`apply_fallback` gives a child process Landlock and
@@ -238,7 +239,7 @@ def sandbox_uid() -> int | None:
 
 
 def launch_command(spec: dict) -> list[str]:
-    """Argv of the launcher (:mod:`benchmark._launch`) for ``spec``."""
+    """Argv of the launcher (:mod:`benchmark.sandbox._launch`) for ``spec``."""
     return [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec)]
 
 
@@ -337,7 +338,7 @@ class Platform:
 
 @cache
 def _probe(bwrap: str | None) -> Platform:
-    from benchmark import seccomp
+    from benchmark.sandbox import seccomp
 
     abi = landlock_abi()
     try:

@@ -17,10 +17,11 @@ store keeps them by removal set whatever batch made them.
 
 Executors (all give the same numbers):
 
-* ``"local"`` (default): worker processes on this machine (``python -m benchmark.replays``), one
+* ``"local"`` (default): worker processes on this machine (``python -m benchmark.causal.replays``),
+one
   thread each, as many as ``workers``; each runs a *lane* of batches;
 * ``"ray"``: the same lanes as Ray tasks on a cluster (``pip install -e ".[cluster]"``; see
-  :mod:`benchmark.cluster`), for releases whose replays outgrow one machine.
+  :mod:`benchmark.causal.cluster`), for releases whose replays outgrow one machine.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class ReplayStore:
         """Open the store of a release's replays made on ``machine``.
 
         ``machine`` is the fingerprint of the machine that makes the replays (default: this one;
-        a cluster's for the Ray executor, :func:`benchmark.cluster.cluster_fingerprint`).
+        a cluster's for the Ray executor, :func:`benchmark.causal.cluster.cluster_fingerprint`).
         """
         from benchmark.machine import fingerprint
 
@@ -197,7 +198,7 @@ def open_store(release_path: Path, manifest_sha256: str, executor: str | None = 
                ) -> ReplayStore:
     """The store replays of ``executor`` go to (keyed by the machine that makes them)."""
     if executor_name(executor) == "ray":
-        from benchmark.cluster import cluster_fingerprint
+        from benchmark.causal.cluster import cluster_fingerprint
 
         return ReplayStore(release_path, manifest_sha256, machine=cluster_fingerprint())
     return ReplayStore(release_path, manifest_sha256)
@@ -432,7 +433,7 @@ class WorkerPool:
             err = Path(self._tmp.name) / f"pool{i}.err"
             with open(err, "w") as fh:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "benchmark.replays", "--pool", warm],
+                    [sys.executable, "-m", "benchmark.causal.replays", "--pool", warm],
                     env=_worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=fh, text=True)
             self._idle.append((proc, err))
@@ -513,7 +514,7 @@ def run_jobs(store: ReplayStore, manifest_sha256: str, jobs: list[Job], workers:
     bar = tqdm(total=n_jobs, desc="causal replays", disable=not progress, leave=False)
     name = executor_name(executor)
     if name == "ray":
-        from benchmark.cluster import run_lanes_ray
+        from benchmark.causal.cluster import run_lanes_ray
 
         facts = run_lanes_ray(store, lanes, bar)
     else:
@@ -552,7 +553,7 @@ def _run_lanes_local(store: ReplayStore, manifest_sha256: str, lanes: list, bar,
                 err_path = Path(tmp) / f"lane{i}.err"
                 with open(err_path, "w") as err:
                     taken = (subprocess.Popen(
-                        [sys.executable, "-m", "benchmark.replays", str(path)], env=env,
+                        [sys.executable, "-m", "benchmark.causal.replays", str(path)], env=env,
                         stdout=subprocess.PIPE, stderr=err, text=True), err_path)
             procs.append(taken)
         errors, facts = [], []

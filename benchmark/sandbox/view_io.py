@@ -1,6 +1,7 @@
 """Views across the sandbox boundary: the view folder, and the list of scoring calls.
 
-The evaluator builds the label-free views (:mod:`benchmark.data`) and exports them into a *view
+The evaluator builds the label-free views (:mod:`benchmark.releases.data`) and exports them into a
+*view
 folder* for the estimator's sandbox: small per-unit arrays as ``.npy`` and everything else as
 JSON. Sketches are **not** copied: the folder names the release's sketch files, which the sandbox
 binds read-only and the estimator reads in place, memory-mapped

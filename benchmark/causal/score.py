@@ -27,10 +27,11 @@ leaderboard both call it, so the leaderboard's paired comparisons of two entries
 replicates behind each entry's own interval.
 
 What does not depend on the estimator ships with the release (``seed<S>/causal.json``, built by
-:mod:`benchmark.causal_reference`): the bonus-off effect, the oracle (group labels) and
+:mod:`benchmark.causal.reference`): the bonus-off effect, the oracle (group labels) and
 provenance (rollout labels) curves, the controls' curves and the random sets at every k, each
 with its per-prompt measures. The estimator's own removals are replayed on this machine
-(:mod:`benchmark.replays`) against a cached local baseline; a removal set that equals a shipped
+(:mod:`benchmark.causal.replays`) against a cached local baseline; a removal set that equals a
+shipped
 one reuses the shipped numbers.
 """
 
@@ -62,6 +63,7 @@ LEGACY_K_FRACTIONS = (0.25, 0.5, 1.0)
 #: (docs/causal.md, "Ties")
 TIE_COMPLETIONS = 1
 #: how a reference's method curves break ties (recorded in ``causal.json["ties"]``)
+#: (recorded text, kept as shipped references hold it: the function is now score.tie_order)
 FAIR_TIES = "fair: a seeded random order within ties (benchmark.causal.tie_order)"
 #: fixed-point unit of the per-prompt numbers stored in results (:func:`encode_array`): values
 #: within +-2.147 (probabilities and their changes lie in [-1, 1]) at a resolution of 1e-9
@@ -296,7 +298,7 @@ def task_reference(raw: dict, task: str) -> TaskReference:
         raise CausalDataError(f"causal reference of seed {raw.get('seed')} task {task}: k_grid "
                               f"{ks} has {len(ks)} sizes but k_fractions {list(fractions)} has "
                               f"{len(fractions)}; rebuild it with python -m "
-                              "benchmark.causal_reference RELEASE_DIR")
+                              "benchmark.causal.reference RELEASE_DIR")
     return TaskReference(
         seed=int(raw["seed"]), task=task, window_end=int(t["window_end"]),
         gt_size=int(t["gt_size"]), ks=ks, n_rollouts=n,
@@ -695,11 +697,12 @@ def plan_replays(release, scores: dict, completions: int = TIE_COMPLETIONS):
 
     Returns:
         ``(refs, plan, jobs)``: ``{(seed, task): TaskReference}``, ``{(seed, task, method):
-        (sets[k][r], cut[k])}`` (:func:`removal_sets`) and the :class:`~benchmark.replays.Job`
+        (sets[k][r], cut[k])}`` (:func:`removal_sets`) and the
+        :class:`~benchmark.causal.replays.Job`
         list of the distinct sets not shipped; or a string saying why there is no causal score
         (no reference shipped).
     """
-    from benchmark.replays import Job
+    from benchmark.causal.replays import Job
 
     raws = {s: load_reference(release.path, s) for s in sorted({s for s, _ in scores})}
     missing = [s for s, r in raws.items() if r is None or r.get("schema") not in READ_SCHEMAS]
@@ -728,7 +731,7 @@ def plan_replays(release, scores: dict, completions: int = TIE_COMPLETIONS):
 
 def replays_pending(release, scores: dict, completions: int = TIE_COMPLETIONS) -> bool:
     """Whether :func:`causal_results` on ``scores`` would replay anything on this machine."""
-    from benchmark.replays import open_store
+    from benchmark.causal.replays import open_store
 
     planned = plan_replays(release, scores, completions)
     if isinstance(planned, str):
@@ -745,14 +748,14 @@ def causal_results(release, scores: dict, estimator: str,
     """Causal scores of every method in ``scores`` on every (seed, task) given.
 
     Args:
-        release: a ``benchmark.release.Release``.
+        release: a ``benchmark.releases.release.Release``.
         scores: ``{(seed, task): {method: (n_rollouts,) rollout scores}}`` in rollout order.
         estimator: the method whose item-10 verdict is given.
         controls: the controls it must beat.
         settings: bootstrap settings.
         workers: replay processes at once.
         progress: show a progress bar for the replays.
-        pool: pre-started replay workers (``benchmark.replays.WorkerPool``) to use first.
+        pool: pre-started replay workers (``benchmark.causal.replays.WorkerPool``) to use first.
         track_controls: every control of the estimator's track (it must beat the strongest).
 
     Returns:
@@ -761,7 +764,7 @@ def causal_results(release, scores: dict, estimator: str,
         "not_run", "reason"}`` when the release ships no causal reference), and how many replays
         ran here and how long they took (not part of results: it depends on the cache).
     """
-    from benchmark.replays import Job, open_store, run_jobs
+    from benchmark.causal.replays import Job, open_store, run_jobs
 
     planned = plan_replays(release, scores, settings.tie_completions)
     if isinstance(planned, str):

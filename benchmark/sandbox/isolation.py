@@ -4,19 +4,20 @@ For every piece of estimator code (``inspect``: load it and read its declared ca
 config; ``score``: score every view and draw) the evaluator
 
 1. copies the estimator file into a private folder (the sha256 recorded is that of the bytes
-   that run), exports the label-free views into a *view folder* (:mod:`benchmark.view_io`),
+   that run), exports the label-free views into a *view folder* (:mod:`benchmark.sandbox.view_io`),
    and lists what the sandbox may read: the Python installation, the ``benchmark`` and
    ``estimators`` packages, the estimator file, the view folder, the release files the views
    read in place (sketches), the release's checkpoint and tokenizer folders, and the paths the
    caller adds; it refuses when a label file or a git repository would be among them;
-2. starts the sandbox (:mod:`benchmark.sandbox`: bubblewrap, seccomp, an unprivileged uid,
-   Landlock inside; limits on the whole process tree from :mod:`benchmark.cgroups`) through the
-   launcher :mod:`benchmark._launch`, with stdin from ``/dev/null`` and the estimator's
+2. starts the sandbox (:mod:`benchmark.sandbox.layers`: bubblewrap, seccomp, an unprivileged uid,
+   Landlock inside; limits on the whole process tree from :mod:`benchmark.sandbox.cgroups`) through
+   the
+   launcher :mod:`benchmark.sandbox._launch`, with stdin from ``/dev/null`` and the estimator's
    stdout/stderr on a pipe that is drained, capped and kept only as a tail;
 3. when the sandboxed process says it is ready (before any estimator code ran), checks it from
    outside in ``/proc`` (namespaces, seccomp, no_new_privs, no capabilities, its uid) and
    records the protections itself; only then lets it load the estimator;
-4. reads the result channel (:mod:`benchmark.channel`): the declared metadata, validated
+4. reads the result channel (:mod:`benchmark.sandbox.channel`): the declared metadata, validated
    (JSON scalars, bounded, printable), and one score array per expected call, each checked
    (header before allocation, numeric dtype, exact shape, finite);
 5. holds one wall-clock deadline over all of it (both sandboxes of a ``score``), kills the whole
@@ -53,12 +54,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import cgroups, channel, sandbox
 from benchmark.errors import BenchmarkError
-from benchmark.untrusted import clean_text, quote
+from benchmark.sandbox import cgroups, channel
+from benchmark.sandbox import layers as sandbox
 
 # the view folder and the list of scoring calls, shared with the sandboxed side
-from benchmark.view_io import Views, assemble, export_views, load_views, score_calls
+from benchmark.sandbox.view_io import Views, assemble, export_views, load_views, score_calls
+from benchmark.untrusted import clean_text, quote
 
 __all__ = ["INSIDE_VIEW", "IsolationError", "Limits", "Views", "assemble", "export_views",
            "inspect_isolated", "load_views", "score_calls", "score_isolated", "smoke_isolated",
@@ -494,7 +496,7 @@ class _Run:
                "smoke": self.smoke}
         # -S: the site-packages (their .pth files, sitecustomize, a submission environment's
         # requirements) are added by the child only after Landlock and the check from outside
-        child = [ws.python, "-B", "-P", "-S", "-m", "benchmark.isolation_child", json.dumps(cfg)]
+        child = [ws.python, "-B", "-P", "-S", "-m", "benchmark.sandbox.child", json.dumps(cfg)]
         rlimits = {"RLIMIT_AS": lim.memory_bytes, "RLIMIT_CORE": 0}
         if ws.uid is not None:  # a fresh uid: RLIMIT_NPROC counts exactly this tree
             rlimits["RLIMIT_NPROC"] = lim.max_processes + (16 if "pids" in tree.process_mode
@@ -923,7 +925,7 @@ def _outcome(ws: _Workspace, mode: str, subset: bool, deadline: float,
     fds: list[int] = []
     summary = ""
     if ws.full:
-        from benchmark import seccomp
+        from benchmark.sandbox import seccomp
 
         fds, summary = seccomp.build_filters()
     try:
@@ -983,7 +985,7 @@ def _smoke_report(out: _Outcome, spec: dict, name: str, limits: Limits) -> dict:
     form is trusted (a stage, a known step, a pin and module that were asked for), its text is
     cleaned.
     """
-    from benchmark.requirements import SMOKE_STEPS
+    from benchmark.sandbox.requirements import SMOKE_STEPS
 
     if out.refused_sandbox:
         raise IsolationError(out.refused_sandbox)
@@ -1032,7 +1034,7 @@ def smoke_isolated(spec: dict, limits: Limits | None = None, *, python: str | No
 
     Args:
         spec: ``{"modules": {pin: [module, ...]}, "core_only": bool}``, what
-            :func:`benchmark.requirements.smoke_inside` checks.
+            :func:`benchmark.sandbox.requirements.smoke_inside` checks.
         limits: the sandbox's limits (the wall time bounds the whole test).
         python, extra_read_only: the environment's interpreter and folders, as in
             :func:`inspect_isolated` (default: bt-bench's own interpreter).

@@ -112,7 +112,7 @@ def releases_dir() -> Path:
     env = os.environ.get("BT_BENCH_RELEASES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "releases"
+    return Path(__file__).resolve().parents[2] / "releases"
 
 
 def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> Path:
@@ -120,7 +120,8 @@ def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> P
 
     Order: a folder holding ``manifest.json``; ``releases_dir() / name`` (the shipped ``tiny``,
     or ``$BT_BENCH_RELEASES``); then, for an id in the release registry
-    (:mod:`benchmark.hub`), its pinned revision in the Hugging Face cache, downloaded first when
+    (:mod:`benchmark.releases.hub`), its pinned revision in the Hugging Face cache, downloaded
+    first when
     it is not cached and ``download`` is true (never with ``HF_HUB_OFFLINE=1``). The folder is
     returned as an absolute path (the estimator's sandbox runs in another working directory).
 
@@ -133,7 +134,7 @@ def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> P
     cand = releases_dir() / str(name_or_path)
     if (cand / MANIFEST).is_file():
         return Path(os.path.abspath(cand))
-    from benchmark import hub
+    from benchmark.releases import hub
 
     entry = hub.find_entry(str(name_or_path))
     if entry is not None:
@@ -352,7 +353,7 @@ def load_release(name_or_path: str | os.PathLike, verify: bool = True) -> Releas
             f"bt-bench reads {SCHEMA_VERSION}; upgrade bt-bench or fetch a matching release (a "
             "schema-1 release such as tiny 1.0.0 is read by bt-bench 0.1, in git history)"
         )
-    from benchmark import hub
+    from benchmark.releases import hub
 
     msha = hashlib.sha256(raw).hexdigest()
     origin = hub.hub_origin(root)

@@ -1,14 +1,17 @@
-"""The sandboxed side of :mod:`benchmark.isolation`: ``python -S -m benchmark.isolation_child CFG``.
+"""The sandboxed side of the sandbox: ``python -S -m benchmark.sandbox.child CFG``.
 
 In order: apply the inner layers (Landlock; without bubblewrap also an empty network namespace),
 tell the evaluator it is ready and wait for its go (it checks the sandbox from outside first),
 only then add the site-packages (the interpreter starts with ``-S``, so no ``.pth`` file,
 ``sitecustomize`` or requirement of a submission environment has run before this point), then
 either load the estimator, send its declared metadata and score the calls of
-:func:`benchmark.view_io.score_calls` one by one, sending each array as soon as it exists, or
+:func:`benchmark.sandbox.view_io.score_calls` one by one, sending each array as soon as it exists,
+or
 (mode ``smoke``) run a submission environment's smoke test
-(:func:`benchmark.requirements.smoke_inside`) and send its report. Everything goes through the
-result channel (:mod:`benchmark.channel`); stdout and stderr belong to the estimator. Nothing
+(:func:`benchmark.sandbox.requirements.smoke_inside`) and send its report. Everything goes through
+the
+result channel (:mod:`benchmark.sandbox.channel`); stdout and stderr belong to the estimator.
+Nothing
 written here is trusted by the evaluator.
 """
 
@@ -26,7 +29,7 @@ _REFUSED = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSYS, errno.ENOENT, 
 
 
 def _apply_layers(cfg: dict) -> dict:
-    from benchmark import sandbox
+    from benchmark.sandbox import layers as sandbox
 
     if cfg["fallback"]:
         return sandbox.apply_fallback(cfg["read"], cfg["write"])
@@ -64,17 +67,17 @@ def load_and_describe(path: str) -> tuple[object, dict]:
 
 
 def load(view_dir: str) -> dict:
-    """The views to score: the view folder of :func:`benchmark.view_io.export_views`."""
-    from benchmark.view_io import load_views
+    """The views to score: the view folder of :func:`benchmark.sandbox.view_io.export_views`."""
+    from benchmark.sandbox.view_io import load_views
 
     return load_views(Path(view_dir))
 
 
 def score(loaded: object, views: dict, tasks: list[str], subset: bool, fd: int) -> None:
-    """Score every call of :func:`benchmark.view_io.score_calls`; send each array at once."""
-    from benchmark.channel import send_array
+    """Score every call of :func:`benchmark.sandbox.view_io.score_calls`; send each at once."""
     from benchmark.contract import _call, validate_scores
-    from benchmark.view_io import score_calls
+    from benchmark.sandbox.channel import send_array
+    from benchmark.sandbox.view_io import score_calls
 
     est = loaded.instantiate()
     who = loaded.cls.__name__
@@ -109,7 +112,7 @@ def main(argv: list[str]) -> int:  # pragma: no cover - runs inside the sandbox
     """Run the child; the exit code does not matter (the evaluator reads the channel)."""
     cfg = json.loads(argv[1])
     fd = cfg["channel"]
-    from benchmark.channel import send_json
+    from benchmark.sandbox.channel import send_json
 
     layers = _apply_layers(cfg)
     send_json(fd, {"type": "ready", "pid": os.getpid(), "layers": layers})
@@ -119,7 +122,7 @@ def main(argv: list[str]) -> int:  # pragma: no cover - runs inside the sandbox
     try:
         enable_site()
         if cfg["mode"] == "smoke":
-            from benchmark.requirements import smoke_inside
+            from benchmark.sandbox.requirements import smoke_inside
 
             send_json(fd, {"type": "smoke", "result": smoke_inside(cfg["smoke"])})
             send_json(fd, {"type": "done"})

@@ -1,0 +1,22 @@
+"""The causal score: remove an estimator's top rollouts, replay training, measure what is left.
+
+Owns:
+
+* :mod:`.score`: removal sets (tie-aware), the fraction of the bonus-off effect removed, the
+  area over log k, the random band, intervals and the per-task checklist items that read them;
+* :mod:`.reference`: the causal reference a release ships (``seed<S>/causal.json``), computed on
+  the build machine (``python -m benchmark.causal.reference RELEASE``);
+* :mod:`.replays`: the per-machine replay store and the local executor (worker processes,
+  ``python -m benchmark.causal.replays``), running the stacked engine of
+  :mod:`benchmark.build.stacked`;
+* :mod:`.cluster`: the same lanes on a Ray cluster (``--executor ray``; the ``cluster`` extra).
+
+May import: :mod:`benchmark.build` (the replay engine), :mod:`benchmark.releases`,
+:mod:`benchmark.metrics`, :mod:`benchmark.machine`, :mod:`benchmark.io`,
+:mod:`benchmark.errors`.
+
+Must never: import the sandbox or run estimator code (it receives scores, never estimators), or
+the evaluator and the leaderboard (they import it).
+
+This file imports nothing: replay workers import the package and should start fast.
+"""

@@ -1,0 +1,26 @@
+"""The estimator sandbox: the only code that runs estimator code, and the only way back from it.
+
+Owns:
+
+* :mod:`.isolation`: :func:`~.isolation.score_isolated`, :func:`~.isolation.inspect_isolated`,
+  :func:`~.isolation.smoke_isolated` and :class:`~.isolation.Limits`, the evaluator's entry points
+  (launch a workspace, watch the child, validate what comes back);
+* :mod:`.layers` (which layers this machine offers: bubblewrap, seccomp, Landlock, cgroups;
+  :func:`~.layers.require_sandbox`), :mod:`.seccomp`, :mod:`.cgroups` and :mod:`._launch` (the
+  last trusted step before bubblewrap);
+* :mod:`.child`: the sandboxed side (``python -S -m benchmark.sandbox.child``);
+* :mod:`.channel`: the bounded frames that carry scores back;
+* :mod:`.view_io`: the label-free view folder the child reads, and the list of scoring calls;
+* :mod:`.requirements`: a submission's declared requirements, installed into its own environment
+  whose interpreter the sandbox runs.
+
+May import: :mod:`benchmark.contract`, :mod:`benchmark.view`, :mod:`benchmark.releases` (a
+release's views, never its labels), :mod:`benchmark.io`, :mod:`benchmark.errors`,
+:mod:`benchmark.untrusted`, :mod:`benchmark.fixed_order`.
+
+Must never: import the evaluator, the causal score or the leaderboard (nothing here knows how
+scores are judged); hand the child a path to labels, targets' answers or the causal reference.
+Nothing outside this package spawns estimator code.
+
+This file imports nothing: the sandboxed child imports the package, and must stay lean.
+"""
