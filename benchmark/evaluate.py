@@ -484,44 +484,74 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
     return WorkerPool(ReplayStore(rel.path, rel.manifest_sha256), rel.manifest_sha256, seeds)
 
 
+class _Clock:
+    """Wall time per named phase, added up into ``timings`` (seconds)."""
+
+    def __init__(self, timings: dict) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self.timings, self.t = timings, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last lap to ``phase``."""
+        now = self._now()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
+        self.t = now
+
+
 def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
               settings: EvalSettings, progress: bool, isolation: Limits | None, env,
               timings: dict | None, cleanup: contextlib.ExitStack) -> dict:
-    """:func:`evaluate` once its arguments are checked.
+    """:func:`evaluate` once its arguments are checked: a pipeline of named steps.
 
+    Inspect the estimator (sandbox) -> load the label-free views -> score the estimator
+    (sandbox, with its determinism re-run) -> score the controls and compute every metric and
+    checklist item per seed and task -> causal scores (replays) -> the results document.
     A replay pool it starts is entered into ``cleanup`` (closed when the caller's block ends).
     """
-    import time
-
     from tqdm import tqdm
 
-    clock = {"t": time.perf_counter()}
-    timings = {} if timings is None else timings
-
-    def lap(phase: str) -> None:
-        now = time.perf_counter()
-        timings[phase] = timings.get(phase, 0.0) + now - clock["t"]
-        clock["t"] = now
-
+    clock = _Clock({} if timings is None else timings)
     bar = tqdm(total=len(seeds) * len(tasks) + 3, desc="evaluate", disable=not progress,
                leave=False)
     meta, loaded = _inspect(estimator_file, isolation, env)
     est, track = meta["name"], meta["track"]
     _check_name(est, meta["sha256"], estimator_file)
-    lap("inspect (sandbox)")
+    clock.lap("inspect (sandbox)")
     datas = {s: load_seed(rel, s, track, tasks) for s in seeds}
     bar.update(1)
-    lap("load views")
+    clock.lap("load views")
     est_raw, info = _score_estimator(estimator_file, rel, seeds, datas, meta, loaded,
                                      isolation, env)
     bar.update(1)
-    lap("score estimator (sandbox, determinism re-run)")
+    clock.lap("score estimator (sandbox, determinism re-run)")
     pool = _replay_pool(rel, seeds, est_raw, est, settings)
     if pool is not None:
         cleanup.enter_context(pool)
     # a control evaluated as the estimator keeps its control entry too: the same code gives the
     # same scores, so it is compared with itself (a difference of exactly 0, never a pass)
     methods = [Method(est, None, tuple(meta["tasks"]), False), *load_controls(track)]
+    per_task, causal_in = _metrics_and_checklist(datas, est_raw, est, methods, seeds, tasks,
+                                                 settings, clock, bar)
+    causal = _causal(rel, causal_in, est, settings, progress, clock.timings, pool,
+                     tuple(m.name for m in methods if m.is_control))
+    bar.update(1)
+    bar.close()
+    clock.lap("causal scores (replays)")
+    return _results_document(rel, estimator_file, meta, info, env, isolation, methods, seeds,
+                             tasks, settings, per_task, causal)
+
+
+def _metrics_and_checklist(datas: dict, est_raw: dict, est: str, methods: list[Method],
+                           seeds: list[int], tasks: list[str], settings: EvalSettings,
+                           clock: _Clock, bar) -> tuple[dict, dict]:
+    """Score the controls and compute every metric and checklist item, per seed and task.
+
+    Returns ``(per_task, causal_in)``: per task its seed blocks, per-item verdicts by seed and
+    pooled precision samples; per ``(seed, task)`` every method's rollout scores ``(n,)`` (what
+    the causal score removes).
+    """
     per_task = {t: {"seeds": {}, "verdicts": {i: {} for i in C.ITEMS}, "pooled": {}}
                 for t in tasks}
     causal_in: dict[tuple[int, str], dict[str, np.ndarray]] = {}
@@ -532,9 +562,9 @@ def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
                       for m in methods if m.is_control}
             if est not in scores:
                 scores[est] = _expand(est_raw[(s, t)], td)
-            lap("score controls")
+            clock.lap("score controls")
             block, verdicts, pooled = _seed_task(td, scores, est, methods, settings)
-            lap("metrics and checklist")
+            clock.lap("metrics and checklist")
             per_task[t]["seeds"][str(s)] = block
             for i, v in verdicts.items():
                 per_task[t]["verdicts"][i].update(v)
@@ -542,11 +572,15 @@ def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
                 per_task[t]["pooled"][s] = pooled
             causal_in[(s, t)] = {m.name: scores[m.name]["rollout"] for m in methods}
             bar.update(1)
-    causal = _causal(rel, causal_in, est, settings, progress, timings, pool,
-                     tuple(m.name for m in methods if m.is_control))
-    bar.update(1)
-    bar.close()
-    lap("causal scores (replays)")
+    return per_task, causal_in
+
+
+def _results_document(rel, estimator_file: Path, meta: dict, info: dict, env,
+                      isolation: Limits | None, methods: list[Method], seeds: list[int],
+                      tasks: list[str], settings: EvalSettings, per_task: dict,
+                      causal: dict) -> dict:
+    """The results document (``results.json``'s content): per task, the suite, the verdict."""
+    est, track = meta["name"], meta["track"]
     out_tasks = {}
     for t in tasks:
         spec = rel.seed(seeds[0]).behavior(t)
