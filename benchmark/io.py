@@ -12,6 +12,12 @@ from typing import Any
 from benchmark.errors import InputFileError
 
 
+def cache_root() -> Path:
+    """The folder for everything bt-bench caches: ``$BT_BENCH_CACHE`` or ``~/.cache/bt-bench``."""
+    env = os.environ.get("BT_BENCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "bt-bench"
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read one JSON document. ``-Infinity``/``NaN`` tokens (non-standard) are accepted.
 

@@ -46,9 +46,9 @@ def live_dir(draw_id: int, scale: str = LIVE_SCALE) -> Path:
     """The cache folder of a live draw: ``<cache>/live/<scale>-draw<ID>/`` (a release folder).
 
     ``<cache>`` is ``$BT_BENCH_CACHE`` or ``~/.cache/bt-bench``
-    (:func:`benchmark.causal.replays.cache_root`).
+    (:func:`benchmark.io.cache_root`).
     """
-    from benchmark.causal.replays import cache_root
+    from benchmark.io import cache_root
 
     return cache_root() / "live" / f"{scale}-draw{check_draw_id(draw_id)}"
 

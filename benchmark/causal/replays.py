@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.errors import BenchmarkError
+from benchmark.io import cache_root
 
 #: bump when the replay code changes the numbers it produces (invalidates every store)
 REPLAY_VERSION = 3  # 3: the stacked engine (shared prompts, float64 coefficients, joins)
@@ -69,12 +70,6 @@ def executor_name(name: str | None = None) -> str:
         raise BenchmarkError(f"replay executor {v!r} is unknown; choose one of {EXECUTORS} "
                              f"(--executor or ${EXECUTOR_ENV})")
     return v
-
-
-def cache_root() -> Path:
-    """``$BT_BENCH_CACHE`` or ``~/.cache/bt-bench``."""
-    env = os.environ.get("BT_BENCH_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "bt-bench"
 
 
 def positions_hash(positions) -> str:

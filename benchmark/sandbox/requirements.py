@@ -486,7 +486,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
 
     Args:
         requirements: pins as in ``submission.yaml`` (validated with :func:`parse_requirements`).
-        cache: the cache folder (default :func:`benchmark.causal.replays.cache_root`); environments
+        cache: the cache folder (default :func:`benchmark.io.cache_root`); environments
         live
             in its ``envs/`` folder.
         pip_args: extra ``pip install`` options (e.g. ``["--no-index", "--find-links", DIR]``
@@ -506,7 +506,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
         IsolationError: the sandbox of the smoke test cannot start (e.g. its unprivileged user
             cannot reach the temporary folder).
     """
-    from benchmark.causal.replays import cache_root
+    from benchmark.io import cache_root
 
     pins = parse_requirements(list(requirements), where)
     if not pins:
