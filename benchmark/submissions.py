@@ -712,8 +712,10 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
 
     Live draws (:mod:`benchmark.live`): every draw recorded under ``results["live"]`` is rebuilt
     here (or found in the cache) and re-scored, and compared like the rest; where this machine
-    trained another run from the draw's id (its ``run_sha256`` differs: another CPU), that
-    draw's numbers cannot be reproduced here and are reported as a note, not a failure. With
+    trained another run from the draw's id (its ``run_sha256`` differs: another CPU or another
+    torch/transformers), that draw's numbers cannot be reproduced here and are reported as a
+    note, not a failure; item 11 and the overall verdict are then derived from the recorded
+    draw and still compared (:func:`_with_live_item_here`). With
     ``live_draw``, the entry is also scored on that new draw and fails when its public suite
     score is significantly above the random band but its live one is not
     (:func:`benchmark.live.live_gate`, with :data:`benchmark.causal.score.CROSS_MACHINE_TOLERANCE`).
@@ -766,7 +768,7 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         fresh["live"] = _rescore_live(sub, committed["live"], progress, limits, env, report)
         if report.error:
             return report
-        fresh = with_live_item(fresh)
+        fresh = _with_live_item_here(fresh, committed["live"])
     # compare after the same rounding and JSON encoding the committed file went through
     with tempfile.TemporaryDirectory(prefix="bt-bench-verify-") as tmp:
         write_results(fresh, Path(tmp) / RESULTS_FILE)
@@ -778,7 +780,8 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     for i, (was, now) in sorted(other_runs.items()):
         report.ignored.append(Drift(
             f"live.draws.{i}.run_sha256 (this machine trained another run from draw "
-            f"{committed['live']['draws'][i].get('draw_id')}; its numbers are not compared)",
+            f"{committed['live']['draws'][i].get('draw_id')}; its numbers are not compared, "
+            "item 11 is derived from the recorded ones)",
             was, now))
     for d in sorted(compare_results(committed, recomputed), key=_report_order):
         top, leaf = d.path.split(".", 1)[0], d.path.rsplit(".", 1)[-1]
@@ -824,6 +827,25 @@ def _rescore_live(sub: Submission, recorded: object, progress: bool, limits, env
             report.fix = _failure_fix(sub, str(exc))
             return None
     return live.live_block(scale, out)
+
+
+def _with_live_item_here(fresh: dict, recorded: dict) -> dict:
+    """``fresh`` with item 11 and the overall verdict, from the draws this machine can check.
+
+    A recorded draw this machine trained as another run (:func:`_other_runs`) cannot be
+    reproduced here, so item 11 and the verdict are derived from its *recorded* record in its
+    place (the public numbers are this machine's): they are still compared, which checks that
+    the committed item follows from the committed draws, while ``fresh["live"]["draws"]`` keeps
+    what was computed here (reported as a note, not compared).
+    """
+    other = _other_runs(recorded, fresh["live"])
+    if not other:
+        return with_live_item(fresh)
+    draws = [recorded["draws"][i] if i in other else d
+             for i, d in enumerate(fresh["live"]["draws"])]
+    derived = with_live_item(dict(fresh) | {"live": dict(fresh["live"]) | {"draws": draws}})
+    return dict(fresh) | {"live": dict(fresh["live"]) | {"item": derived["live"]["item"]},
+                          "verdict": derived["verdict"]}
 
 
 def _other_runs(committed: object, recomputed: object) -> dict[int, tuple[str, str]]:

@@ -279,6 +279,40 @@ def test_verify_rescores_the_recorded_draw_and_runs_the_live_check(live_sub, mic
     print(out)
 
 
+def test_verify_derives_item_11_from_a_draw_this_machine_trains_as_another_run(
+        live_sub, micro_causal):
+    """Another CPU or another torch/transformers trains another run from a recorded draw id:
+    that draw's numbers are a note, item 11 and the verdict are derived from the recorded
+    draw (still compared), so the committed item must follow from the committed draws."""
+    import shutil
+
+    from benchmark.checklist import with_live_item
+    from benchmark.submissions import verify_submission
+
+    res = json.loads((live_sub / "results.json").read_text())
+    est = res["estimator"]["name"]
+    # the committed draw as "another machine" recorded it: another run, far lower numbers, and
+    # the item 11 and verdict that follow from them (a consistent committed file)
+    d = res["live"]["draws"][0]
+    d["run_sha256"] = "0" * 64
+    for k in ("point", "lo", "hi"):
+        d["suite"]["causal_score"][est][k] -= 1.0
+    res = with_live_item({k: v for k, v in res.items()})
+    assert res["live"]["item"]["verdict"] == "fail"  # 1.0 below the public score
+    other = live_sub.parent.parent / "other_run" / "gas"
+    shutil.copytree(live_sub, other)
+    (other / "results.json").write_text(json.dumps(res))
+    report = verify_submission(other, micro_causal, progress=False)
+    assert report.ok, report.format()
+    (note,) = report.ignored
+    assert note.path.startswith("live.draws.0.run_sha256 (this machine trained another run")
+    # an item 11 that does not follow from the committed draws is found
+    res["live"]["item"]["numbers"]["live"]["point"] += 0.5
+    (other / "results.json").write_text(json.dumps(res))
+    bad = verify_submission(other, micro_causal, progress=False)
+    assert [x.path for x in bad.drifts] == ["live.item.numbers.live.point"]
+
+
 MEMORIZER = """
 import numpy as np
 
