@@ -27,7 +27,8 @@ import pytest
 from benchmark.cli import main
 from benchmark.sandbox import cgroups
 from benchmark.sandbox import layers as sandbox
-from benchmark.sandbox.isolation import TEMP_PREFIX, IsolationError, Limits
+from benchmark.sandbox.isolation import IsolationError, Limits
+from benchmark.sandbox.limits import TEMP_PREFIX
 from tests.wheels import build_wheel, offline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -472,7 +473,7 @@ def test_import_time_code_never_runs_in_the_evaluator(micro_release, tmp_path, c
 def test_signals_to_the_evaluator_remove_everything(sig, micro_release, tmp_path):
     """The evaluator is stopped while the estimator runs: the sandbox dies with it; its folders
     go at once (SIGTERM) or at the next evaluation (SIGKILL cannot be caught)."""
-    from benchmark.sandbox.isolation import _remove_stale
+    from benchmark.sandbox.launch import _remove_stale
 
     est = hostile(tmp_path, "time.sleep(600)")
     proc = subprocess.Popen(
@@ -830,12 +831,12 @@ def test_a_temporary_folder_the_sandbox_user_cannot_reach_is_named(checked, micr
     """bt-bench as root with TMPDIR under a 0700 folder: the fresh uid cannot reach the staging
     folder. Refused up front naming the folder and the fix; and were that check missing, the
     launcher's or bubblewrap's own complaint is reported as the sandbox failing to start."""
-    from benchmark.sandbox import isolation
+    from benchmark.sandbox import launch
 
     private = Path(tempfile.mkdtemp(prefix="bt-private-"))  # 0700, owned by root
     (private / "tmp").mkdir(mode=0o777)
     if not checked:
-        monkeypatch.setattr(isolation, "_require_reachable_tmp", lambda: None)
+        monkeypatch.setattr(launch, "_require_reachable_tmp", lambda: None)
     est = REPO / "estimators" / "examples" / "my_estimator.py"
     saved, tempfile.tempdir = tempfile.tempdir, str(private / "tmp")  # what TMPDIR sets
     try:
@@ -909,9 +910,9 @@ def test_submit_and_verify_refuse_without_bubblewrap(no_bwrap, tmp_path, capsys)
 
 def test_evaluate_without_bubblewrap_warns_and_records_it(no_bwrap, micro_release, tmp_path,
                                                           capsys):
-    from benchmark.sandbox import isolation
+    from benchmark.sandbox import launch
 
-    isolation._WARNED.clear()
+    launch._WARNED.clear()
     est = REPO / "estimators" / "examples" / "my_estimator.py"
     out = tmp_path / "r.json"
     assert main(["evaluate", str(est), "--release", str(micro_release), "--out", str(out),

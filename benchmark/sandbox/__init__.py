@@ -4,7 +4,16 @@ Owns:
 
 * :mod:`.isolation`: :func:`~.isolation.score_isolated`, :func:`~.isolation.inspect_isolated`,
   :func:`~.isolation.smoke_isolated` and :class:`~.isolation.Limits`, the evaluator's entry points
-  (launch a workspace, watch the child, validate what comes back);
+  (short pipelines of the steps in the next five modules);
+* :mod:`.limits`: :class:`~.limits.Limits`, :class:`~.limits.IsolationError` and the constants
+  every other module shares (it imports nothing from this package);
+* :mod:`.launch`: the private workspace, what the sandbox may read (binds, symlinks), the child's
+  command and environment, and its start;
+* :mod:`.watch`: the running child: checked from outside in ``/proc``, its frames, limits,
+  deadline and signals, killed at the end;
+* :mod:`.outcome`: the record of what one sandboxed run left behind;
+* :mod:`.validate`: judging that record: the declared metadata, the error a failed run deserves,
+  the smoke test's report, the determinism check;
 * :mod:`.layers` (which layers this machine offers: bubblewrap, seccomp, Landlock, cgroups;
   :func:`~.layers.require_sandbox`), :mod:`.seccomp`, :mod:`.cgroups` and :mod:`._launch` (the
   last trusted step before bubblewrap);

@@ -1,6 +1,6 @@
 """Launcher of the estimator sandbox: the last trusted step before bubblewrap.
 
-Run by :mod:`benchmark.sandbox.isolation` as ``python -I -S _launch.py SPEC_JSON`` (a fresh, single-
+Run by :mod:`benchmark.sandbox.launch` as ``python -I -S _launch.py SPEC_JSON`` (a fresh, single-
 threaded interpreter that imports nothing from the environment). In this order it
 
 1. moves itself into the sandbox's cgroups (memory and process limits of the whole tree);

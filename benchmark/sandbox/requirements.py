@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.errors import BenchmarkError
+from benchmark.sandbox.limits import SMOKE_STEPS, Limits
 
 __all__ = [
     "CORE_PACKAGES",
@@ -81,9 +82,8 @@ PIP_TIMEOUT = 1800
 SMOKE_TIMEOUT = 300
 #: lines of an error shown in a message
 TAIL_LINES = 12
-#: the smoke test's steps before the requirements are imported (``smoke_inside``'s ``step``)
-SMOKE_STEPS = ("import torch", "import transformers",
-               "load a Qwen2 model with AutoModelForCausalLM")
+# SMOKE_STEPS (the smoke test's steps before the requirements are imported, ``smoke_inside``'s
+# ``step``) lives in benchmark.sandbox.limits: the sandbox checks a report's step against it
 #: the environment variables through which pip chooses where wheels come from
 PIP_SOURCE_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX",
                         "PIP_CONFIG_FILE")
@@ -777,7 +777,7 @@ def _run_smoke(sandbox_kwargs: dict, modules: dict[str, list[str]], core_only: b
     ``sandbox_kwargs``: the environment's (``SubmissionEnv.sandbox_kwargs``), or ``{}`` for
     bt-bench's own interpreter.
     """
-    from benchmark.sandbox.isolation import Limits, smoke_isolated
+    from benchmark.sandbox.isolation import smoke_isolated
 
     return smoke_isolated({"modules": modules, "core_only": core_only},
                           Limits(wall_seconds=SMOKE_TIMEOUT), **sandbox_kwargs)
