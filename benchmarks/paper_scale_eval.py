@@ -135,7 +135,7 @@ def make_release(out: Path, n: int, dim: int, progress: bool = True) -> Path:
 
     from benchmark.build.presets import get_preset
     from benchmark.build.task import make_tokenizer
-    from benchmark.releases.release import atomic_write_json, atomic_write_parquet, write_manifest
+    from benchmark.releases.format import atomic_write_json, atomic_write_parquet, write_manifest
 
     if n % NPS or n <= 0:
         raise SystemExit(f"--n-rollouts {n}: use a positive multiple of {NPS} "

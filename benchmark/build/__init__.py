@@ -82,7 +82,7 @@ def build_seeds(preset: str, seeds: list[int], out: str | Path, progress: bool =
     """
     from benchmark.build import dist as D
     from benchmark.build.pipeline import SeedBuild
-    from benchmark.releases.release import atomic_write_json
+    from benchmark.releases.format import atomic_write_json
 
     d = D.init()
     try:
@@ -106,7 +106,7 @@ def build_config(cfg: BuildConfig, out: str | Path, progress: bool = True) -> di
     Writes ``seed<S>/config.json``, no manifest (:func:`write_release_manifest` does).
     """
     from benchmark.build.pipeline import SeedBuild
-    from benchmark.releases.release import atomic_write_json
+    from benchmark.releases.format import atomic_write_json
 
     cfg.validate()
     t0 = time.perf_counter()
@@ -222,7 +222,7 @@ def write_release_manifest(out: Path, preset: str, configs: dict[int, BuildConfi
     ``family``: a drawn run's record (version, draw id, redraws), kept as ``build.family``.
     """
     from benchmark.machine import fingerprint
-    from benchmark.releases.release import write_manifest
+    from benchmark.releases.format import write_manifest
 
     old = (json.loads((out / "manifest.json").read_text())
            if (out / "manifest.json").exists() else {"seeds": {}})

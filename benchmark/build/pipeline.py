@@ -44,7 +44,7 @@ from benchmark.build.presets import BuildConfig
 from benchmark.errors import BuildError
 from benchmark.io import atomic_write_bytes
 from benchmark.metrics import precision_at_k
-from benchmark.releases.release import atomic_write_json, atomic_write_parquet
+from benchmark.releases.format import atomic_write_json, atomic_write_parquet
 from benchmark.sketch import CountSketch, parameter_layout
 
 

@@ -200,7 +200,7 @@ def zlib_crc(text: str) -> int:
 
 def install(release_dir: str | Path, data: dict[int, dict]) -> dict:
     """Write ``seed<S>/causal.json`` for each seed and rewrite the manifest (sha256 of all)."""
-    from benchmark.releases.release import MANIFEST, atomic_write_json, write_manifest
+    from benchmark.releases.format import MANIFEST, atomic_write_json, write_manifest
 
     root = Path(release_dir)
     manifest = json.loads((root / MANIFEST).read_text())
