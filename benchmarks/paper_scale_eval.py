@@ -94,7 +94,8 @@ def _params(n: int, dim: int) -> dict:
 
 def _config(n_steps: int, dim: int) -> dict:
     """The seed's BuildConfig: the paper preset's values at ``n_steps`` steps, float16 sketches."""
-    from benchmark.build.presets import BehaviorSpec, get_preset
+    from benchmark.build.config import BehaviorSpec
+    from benchmark.build.presets import get_preset
 
     cfg = get_preset("qwen2.5-1.5b", 0)
     ckpts = sorted({0, n_steps // 10, n_steps // 5, n_steps // 2, n_steps})

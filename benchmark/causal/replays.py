@@ -206,7 +206,7 @@ def batch_start(release_path: Path, seed: int, jobs: list[Job]) -> int:
     job leaves the baseline's trajectory: its first removed step, or its task's window start
     for a bonus-off job.
     """
-    from benchmark.build.presets import BuildConfig
+    from benchmark.build.config import BuildConfig
 
     cfg = BuildConfig.from_dict(json.loads(
         (Path(release_path) / f"seed{seed}" / "config.json").read_text()))
