@@ -474,8 +474,9 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
     """
     if not settings.causal:
         return None
-    from benchmark.causal.replays import ReplayStore, WorkerPool, executor_name
+    from benchmark.causal.replays import WorkerPool, executor_name
     from benchmark.causal.score import replays_pending
+    from benchmark.causal.store import ReplayStore
 
     if executor_name() != "local" or not replays_pending(
             rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}, settings.tie_completions):

@@ -95,14 +95,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
     records ``"lean": true``; a full reference's output is unchanged.
     """
     from benchmark.build.replay import ReplaySeed
-    from benchmark.causal.replays import (
-        REPLAY_ENGINE,
-        REPLAY_PRECISION,
-        REPLAY_VERSION,
-        Job,
-        open_store,
-        run_jobs,
-    )
+    from benchmark.causal.replays import open_store, run_jobs
+    from benchmark.causal.store import REPLAY_ENGINE, REPLAY_PRECISION, REPLAY_VERSION, Job
     from benchmark.machine import fingerprint
 
     seed_dir = release.path / f"seed{seed}"

@@ -698,11 +698,11 @@ def plan_replays(release, scores: dict, completions: int = TIE_COMPLETIONS):
     Returns:
         ``(refs, plan, jobs)``: ``{(seed, task): TaskReference}``, ``{(seed, task, method):
         (sets[k][r], cut[k])}`` (:func:`removal_sets`) and the
-        :class:`~benchmark.causal.replays.Job`
+        :class:`~benchmark.causal.store.Job`
         list of the distinct sets not shipped; or a string saying why there is no causal score
         (no reference shipped).
     """
-    from benchmark.causal.replays import Job
+    from benchmark.causal.store import Job
 
     raws = {s: load_reference(release.path, s) for s in sorted({s for s, _ in scores})}
     missing = [s for s, r in raws.items() if r is None or r.get("schema") not in READ_SCHEMAS]
@@ -764,7 +764,8 @@ def causal_results(release, scores: dict, estimator: str,
         "not_run", "reason"}`` when the release ships no causal reference), and how many replays
         ran here and how long they took (not part of results: it depends on the cache).
     """
-    from benchmark.causal.replays import Job, open_store, run_jobs
+    from benchmark.causal.replays import open_store, run_jobs
+    from benchmark.causal.store import Job
 
     planned = plan_replays(release, scores, settings.tie_completions)
     if isinstance(planned, str):
