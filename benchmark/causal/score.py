@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.checklist import combine
+from benchmark.verdicts import FAIL, INCONCLUSIVE, MAX_WIDTH, NOT_RUN, PASS, combine
 
 CAUSAL_FILE = "causal.json"
 #: the schema new references are written in (3: fair ties, ``ties`` recorded); schema 2 (ties to
@@ -73,11 +73,9 @@ ARRAY_ENCODING = "int32-le-base64"
 #: docs/causal.md); a verdict decided by less than this margin is inconclusive, never
 #: machine-dependent, and ``verify`` compares causal numbers within it
 CROSS_MACHINE_TOLERANCE = 0.01
-MAX_WIDTH = 0.15
 DEFAULT_CONTROLS = ("norm-only", "step-order")
 REFERENCE_ROWS = ("oracle", "provenance")
 STRONGEST = "strongest_control"
-PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not_run"
 
 
 class CausalDataError(ValueError):
