@@ -36,11 +36,11 @@ N_RANDOM = 8
 def control_scores(release, seed: int, task: str) -> dict:
     """Rollout scores of every control on the (seed, task) rollout view of its track.
 
-    The controls are ``benchmark.evaluate.control_files`` (trusted code); the open-track ones
+    The controls are ``benchmark.controls.control_files`` (trusted code); the open-track ones
     read text, so they get the open view.
     """
     from benchmark.contract import load_estimator_file
-    from benchmark.evaluate import control_files
+    from benchmark.controls import control_files
     from benchmark.releases.data import load_seed
 
     out = {}
