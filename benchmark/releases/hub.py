@@ -47,6 +47,7 @@ CARD_FILE = "README.md"
 LICENSE = "apache-2.0"
 
 
+# ---------------------------------------------------------------------- the Hugging Face cache
 def hub_origin(root: str | os.PathLike) -> tuple[str, str] | None:
     """``(repo_id, commit)`` when ``root`` is a snapshot folder of a Hub dataset in an HF cache.
 
@@ -201,7 +202,7 @@ def download_release(release_id: str, revision: str | None = None,
             registry; ``load_release`` verifies the files later).
         local_files_only: never touch the network (as with ``HF_HUB_OFFLINE=1``).
         endpoint: Hub URL (default ``$HF_ENDPOINT`` or https://huggingface.co).
-        registry: id -> entry (default :func:`load_registry`).
+        registry: id -> entry (default :func:`~benchmark.releases.registry.load_registry`).
 
     Returns:
         A :class:`Download` with the snapshot folder in ``path``.
