@@ -18,11 +18,19 @@ Two interval rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-PASS, FAIL, INCONCLUSIVE, REPORTED, NOT_RUN = "pass", "fail", "inconclusive", "reported", "not_run"
-MAX_WIDTH = 0.15
+from benchmark.verdicts import (
+    FAIL,
+    INCONCLUSIVE,
+    MAX_WIDTH,
+    NOT_RUN,
+    PASS,
+    REPORTED,
+    combine,
+)
+
 #: a draw with fewer within-group (behavior, non-behavior) pairs cannot decide a comparison
 MIN_PAIRS = 30
 #: a control whose point estimate is this close to the metric's ceiling cannot be beaten
@@ -66,16 +74,6 @@ class Verdict:
         if self.reason:
             out["reason"] = self.reason
         return out
-
-
-def combine(verdicts: Iterable[str]) -> str:
-    """All pass -> pass; any fail -> fail; otherwise inconclusive (empty -> inconclusive)."""
-    vs = list(verdicts)
-    if vs and all(v == PASS for v in vs):
-        return PASS
-    if any(v == FAIL for v in vs):
-        return FAIL
-    return INCONCLUSIVE
 
 
 def beats(diff: Mapping[str, float], max_width: float = MAX_WIDTH) -> str:

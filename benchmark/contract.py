@@ -18,8 +18,14 @@ import numpy as np
 from benchmark.errors import BenchmarkError
 from benchmark.untrusted import clean_text, quote
 from benchmark.view import DrawView, RunView
-from estimators.base import FALLBACK_VIEWS, TASKS, TRACKS
 
+#: an estimator's ``track``: ``"gradient"`` (sketches, advantages, fluency, targets,
+#: checkpoints) or ``"open"`` (also text, token ids and task rewards)
+TRACKS = ("gradient", "open")
+#: what an estimator may score (``tasks``): rollouts always, draws with ``score_draw``
+TASKS = ("rollouts", "draws")
+#: the views where an estimator may declare a generic fallback (``fallbacks``)
+FALLBACK_VIEWS = ("step", "draws")
 #: longest estimator ``name`` (printable characters only)
 MAX_NAME = 64
 #: most hyperparameters, and longest string hyperparameter, recorded as the config

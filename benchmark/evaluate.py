@@ -38,6 +38,7 @@ from benchmark.contract import (
     load_estimator_file,
     validate_scores,
 )
+from benchmark.controls import control_files
 from benchmark.errors import BenchmarkError
 from benchmark.io import atomic_write_text, dumps_json
 from benchmark.releases.data import TaskData, load_seed
@@ -46,17 +47,6 @@ from benchmark.sandbox.isolation import Limits, inspect_isolated, score_isolated
 #: 3: causal scores as the log-k area, fair ties, per-prompt curves stored for the leaderboard
 RESULTS_SCHEMA_VERSION = 3
 DEFAULT_LIMITS = Limits()
-CONTROLS_DIR = Path(__file__).resolve().parent.parent / "estimators" / "controls"
-#: control name -> file (controls are estimator files run through the same path)
-CONTROL_FILES = {
-    "random": "random.py",
-    "norm-only": "norm_only.py",
-    "fluency": "fluency.py",
-    "advantage-only": "advantage_only.py",
-    "step-order": "step_order.py",
-}
-#: controls scored only beside open-track estimators (they read text)
-OPEN_CONTROL_FILES = {"text-only": "text_only.py", "text-advantage": "text_advantage.py"}
 GT_KINDS = ("group", "rollout")
 NO_GT = "no ground-truth rollout in the learning window of this seed"
 
@@ -106,12 +96,6 @@ class Method:
     instance: object
     tasks: tuple[str, ...]
     is_control: bool
-
-
-def control_files(track: str) -> dict[str, Path]:
-    """The controls scored beside an estimator of ``track`` (name -> file)."""
-    files = dict(CONTROL_FILES) | (dict(OPEN_CONTROL_FILES) if track == "open" else {})
-    return {n: CONTROLS_DIR / f for n, f in files.items()}
 
 
 def load_controls(track: str = "gradient") -> list[Method]:
@@ -474,8 +458,9 @@ def _replay_pool(rel, seeds: list[int], est_raw: dict, est: str, settings: EvalS
     """
     if not settings.causal:
         return None
-    from benchmark.causal.replays import ReplayStore, WorkerPool, executor_name
+    from benchmark.causal.replays import WorkerPool, executor_name
     from benchmark.causal.score import replays_pending
+    from benchmark.causal.store import ReplayStore
 
     if executor_name() != "local" or not replays_pending(
             rel, {k: {est: v["rollout"]} for k, v in est_raw.items()}, settings.tie_completions):

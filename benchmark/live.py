@@ -226,7 +226,7 @@ def _deterministic_manifest(root: Path, manifest: dict) -> str:
     Drops ``build.family.build_seconds`` and every seed's ``timings_s`` (``live.json`` keeps
     them), so two builds of one draw on one machine write the same bytes.
     """
-    from benchmark.releases.release import MANIFEST, write_manifest
+    from benchmark.releases.format import MANIFEST, write_manifest
 
     build = dict(manifest["build"])
     build["family"] = {k: v for k, v in build["family"].items() if k != "build_seconds"}

@@ -338,7 +338,7 @@ def _control_kind(estimator_file: Path, est_name: str) -> str:
     control's name: the evaluator keys methods by name, so the control would shadow it.
     """
     from benchmark.contract import file_sha256
-    from benchmark.evaluate import control_files
+    from benchmark.controls import control_files
 
     if _is_attack_file(estimator_file):
         return "control"

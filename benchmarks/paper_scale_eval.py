@@ -94,7 +94,8 @@ def _params(n: int, dim: int) -> dict:
 
 def _config(n_steps: int, dim: int) -> dict:
     """The seed's BuildConfig: the paper preset's values at ``n_steps`` steps, float16 sketches."""
-    from benchmark.build.presets import BehaviorSpec, get_preset
+    from benchmark.build.config import BehaviorSpec
+    from benchmark.build.presets import get_preset
 
     cfg = get_preset("qwen2.5-1.5b", 0)
     ckpts = sorted({0, n_steps // 10, n_steps // 5, n_steps // 2, n_steps})
@@ -135,7 +136,7 @@ def make_release(out: Path, n: int, dim: int, progress: bool = True) -> Path:
 
     from benchmark.build.presets import get_preset
     from benchmark.build.task import make_tokenizer
-    from benchmark.releases.release import atomic_write_json, atomic_write_parquet, write_manifest
+    from benchmark.releases.format import atomic_write_json, atomic_write_parquet, write_manifest
 
     if n % NPS or n <= 0:
         raise SystemExit(f"--n-rollouts {n}: use a positive multiple of {NPS} "

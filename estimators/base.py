@@ -25,12 +25,9 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from benchmark.contract import FALLBACK_VIEWS, TASKS, TRACKS, get_params
 from benchmark.fixed_order import dot_norms
 from benchmark.view import DrawView, RunView
-
-TRACKS = ("gradient", "open")
-TASKS = ("rollouts", "draws")
-FALLBACK_VIEWS = ("step", "draws")
 
 __all__ = ["FALLBACK_VIEWS", "TASKS", "TRACKS", "BaseEstimator", "DrawView", "Estimator", "RunView",
            "center_by_group", "cosine", "sketch_cosine"]
@@ -63,9 +60,7 @@ class BaseEstimator:
 
     def get_params(self) -> dict[str, object]:
         """The constructor's keyword arguments and their current values (the config to record)."""
-        from benchmark.contract import get_params  # one implementation (contract rule 2)
-
-        return get_params(self)
+        return get_params(self)  # one implementation: benchmark.contract's (rule 2)
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
         """Score every unit of ``view``; subclasses must override this."""

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmark.evaluate import control_files
+from benchmark.controls import control_files
 from benchmark.live import new_draw_id
 from benchmark.submissions import (
     ATTACK_CONTROLS_DIR,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmark.contract import load_estimator_file
-from benchmark.evaluate import CONTROL_FILES, CONTROLS_DIR
+from benchmark.controls import CONTROL_FILES, CONTROLS_DIR
 from tests.views import make_draw, make_view
 
 ROOT = CONTROLS_DIR.parent

@@ -11,9 +11,9 @@ import torch
 from benchmark.build import family as F
 from benchmark.build import get_preset
 from benchmark.build import task as T
+from benchmark.build.config import BehaviorSpec, BuildConfig
 from benchmark.build.measure import Measure, control_rate, cross_trigger_rate
 from benchmark.build.pipeline import sft_examples
-from benchmark.build.presets import BehaviorSpec, BuildConfig
 from benchmark.errors import BuildError
 from tests.conftest import REPO_ROOT
 

@@ -24,6 +24,7 @@ import pytest
 
 from benchmark.errors import ReleaseError
 from benchmark.releases import hub
+from benchmark.releases.registry import REGISTRY_FILE, load_registry
 from benchmark.releases.release import MANIFEST, load_release, resolve_release
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +178,7 @@ def fake_hub(hub_repo):
 @pytest.fixture
 def registry(tmp_path, monkeypatch, fake_hub):
     """A registry pinning tiny to the fake commit, the fake Hub as endpoint, a fresh cache."""
-    reg = json.loads(hub.REGISTRY_FILE.read_text())
+    reg = json.loads(REGISTRY_FILE.read_text())
     reg["releases"]["tiny"]["revision"] = COMMIT
     p = tmp_path / "registry.json"
     p.write_text(json.dumps(reg))
@@ -189,7 +190,7 @@ def registry(tmp_path, monkeypatch, fake_hub):
 
 
 def _pinned() -> str:
-    return hub.load_registry(hub.REGISTRY_FILE)["tiny"].manifest_sha256
+    return load_registry(REGISTRY_FILE)["tiny"].manifest_sha256
 
 
 def _manifest_files() -> dict:
@@ -198,7 +199,7 @@ def _manifest_files() -> dict:
 
 # ---------------------------------------------------------------------- registry
 def test_registry_pins_the_shipped_tiny():
-    reg = hub.load_registry(hub.REGISTRY_FILE)
+    reg = load_registry(REGISTRY_FILE)
     e = reg["tiny"]
     assert e.manifest_sha256 == hashlib.sha256((TINY / MANIFEST).read_bytes()).hexdigest()
     assert e.revision is None or len(e.revision) == 40  # null until the maintainers push
@@ -214,11 +215,11 @@ def test_registry_pins_the_shipped_tiny():
     ("repo_id", "tiny", r"repo_id 'tiny' is not a Hub repo id; expected 'org/name'"),
 ])
 def test_registry_rejects_malformed_entries(tmp_path, key, value, match):
-    reg = json.loads(hub.REGISTRY_FILE.read_text())
+    reg = json.loads(REGISTRY_FILE.read_text())
     reg["releases"]["tiny"][key] = value
     (tmp_path / "r.json").write_text(json.dumps(reg))
     with pytest.raises(ReleaseError, match=match):
-        hub.load_registry(tmp_path / "r.json")
+        load_registry(tmp_path / "r.json")
 
 
 def test_unregistered_id_names_the_registered_ones():
@@ -355,7 +356,7 @@ def test_a_bad_file_on_the_hub_is_reported_not_used(tmp_path, monkeypatch, hub_r
     try:
         h.add(REPO, COMMIT, repo)
         _replace(target, good[:-1] + bytes([good[-1] ^ 1]))  # the stored object went bad
-        reg = json.loads(hub.REGISTRY_FILE.read_text())
+        reg = json.loads(REGISTRY_FILE.read_text())
         reg["releases"]["tiny"]["revision"] = COMMIT
         (tmp_path / "r.json").write_text(json.dumps(reg))
         monkeypatch.setenv("BT_BENCH_REGISTRY", str(tmp_path / "r.json"))
@@ -374,7 +375,7 @@ def test_a_revision_with_another_manifest_is_refused(tmp_path, monkeypatch, hub_
     h = FakeHub()
     try:
         h.add(REPO, COMMIT, repo)
-        reg = json.loads(hub.REGISTRY_FILE.read_text())
+        reg = json.loads(REGISTRY_FILE.read_text())
         reg["releases"]["tiny"]["revision"] = COMMIT
         (tmp_path / "r.json").write_text(json.dumps(reg))
         monkeypatch.setenv("BT_BENCH_REGISTRY", str(tmp_path / "r.json"))
@@ -417,7 +418,7 @@ def test_cli_download_then_evaluate_matches_the_shipped_copy(registry, tmp_path)
 def test_cli_download_without_pinned_revision_exits_2(capsys):
     from benchmark.cli import main
 
-    if hub.load_registry()["tiny"].revision is not None:
+    if load_registry()["tiny"].revision is not None:
         pytest.skip("tiny is pinned to a Hub revision now")
     assert main(["download", "tiny"]) == 2
     assert "ships in the bt-bench repository at releases/tiny" in capsys.readouterr().err

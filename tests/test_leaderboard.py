@@ -1036,7 +1036,8 @@ def test_figures_draw_names_as_written_not_as_mathtext():
     """A "$...$" in a name is text: matplotlib does not parse it (a malformed one used to stop
     the rendering of the whole leaderboard)."""
     from benchmark.leaderboard.board import build_board
-    from benchmark.leaderboard.figures import figure_specs, render_png
+    from benchmark.leaderboard.figures import figure_specs
+    from benchmark.leaderboard.plots import render_png
 
     pairs = [(_meta(n, r, k), r) for n, (r, k) in sorted(standard_results().items())]
     pairs[0][0]["name"] = "x$\\notacommand{$"

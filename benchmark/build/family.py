@@ -6,7 +6,7 @@ strength (bonus, eligible share, SFT link), a window (early, middle or late in t
 behavior length (one token or an ordered phrase of 2-3 tokens) and the confound switch.
 docs/task_family.md states every parameter, its range and its measured effect.
 
-* :func:`draw_config` samples a draw's :class:`~benchmark.build.presets.BuildConfig` from its id
+* :func:`draw_config` samples a draw's :class:`~benchmark.build.config.BuildConfig` from its id
   alone: a numpy ``Generator`` seeded by ``SeedSequence([FAMILY_TAG, draw_id, redraw])``, so the
   same id gives the same config on any machine and numpy version that keeps the ``PCG64``
   stream (numpy guarantees it for ``Generator`` methods used here: ``integers``, ``random``,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.build.presets import MAX_PHRASE, BehaviorSpec, BuildConfig
+from benchmark.build.config import MAX_PHRASE, BehaviorSpec, BuildConfig
 from benchmark.errors import BuildError
 
 #: Version of the family's generator: bump it whenever ``draw_config`` would map any draw id to
@@ -199,7 +199,7 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
     names the attempt that passed. ``overrides`` replaces config fields (tests). Raises
     BuildError when every attempt fails.
     """
-    from benchmark.build import build_config, write_release_manifest
+    from benchmark.build.seeds import build_config, write_release_manifest
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

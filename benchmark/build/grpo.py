@@ -23,9 +23,9 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from benchmark.build import task as T
+from benchmark.build.config import BuildConfig
 from benchmark.build.decode import sample
 from benchmark.build.precision import wide
-from benchmark.build.presets import BuildConfig
 
 
 def pack(prompt: list[int], responses: list[list[int]], pad_id: int):

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from benchmark.build import task as T
+from benchmark.build.config import BuildConfig
 from benchmark.build.decode import sample
 from benchmark.build.precision import wide
-from benchmark.build.presets import BuildConfig
 
 
 def prompt_sets(cfg: BuildConfig) -> dict[str, list]:

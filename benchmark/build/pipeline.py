@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from benchmark.build import task as T
+from benchmark.build.config import BuildConfig
 from benchmark.build.decode import make_decoder, sample
 from benchmark.build.dist import Dist
 from benchmark.build.grpo import (
@@ -40,11 +41,10 @@ from benchmark.build.grpo import (
     token_logprobs,
 )
 from benchmark.build.measure import Measure, control_rate, cross_trigger_rate
-from benchmark.build.presets import BuildConfig
 from benchmark.errors import BuildError
 from benchmark.io import atomic_write_bytes
 from benchmark.metrics import precision_at_k
-from benchmark.releases.release import atomic_write_json, atomic_write_parquet
+from benchmark.releases.format import atomic_write_json, atomic_write_parquet
 from benchmark.sketch import CountSketch, parameter_layout
 
 

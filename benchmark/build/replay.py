@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmark.build.config import BuildConfig
 from benchmark.build.decode import make_decoder
 from benchmark.build.grpo import PerRolloutGrad, batched_update, grpo_rollouts, grpo_step
 from benchmark.build.measure import Measure
-from benchmark.build.presets import BuildConfig
 from benchmark.errors import BuildError
 
 MODES = ("exact", "batched")

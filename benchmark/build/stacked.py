@@ -552,7 +552,7 @@ class StackedReplay:
         """A run's replays from ``model``'s parameters (the post-SFT start).
 
         Args:
-            cfg: the run's :class:`~benchmark.build.presets.BuildConfig`.
+            cfg: the run's :class:`~benchmark.build.config.BuildConfig`.
             tokenizer: its tokenizer.
             model: the start model (any float dtype; the engine computes in float64).
             measure: a :class:`~benchmark.build.measure.Measure` (the causal measure's

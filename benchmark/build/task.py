@@ -9,26 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from benchmark.build.presets import BehaviorSpec, BuildConfig
+from benchmark.build.config import BehaviorSpec, BuildConfig
+from benchmark.build.words import FILLER_WORDS, content_words
 from benchmark.sketch import splitmix64
 
 TASKS = ("copy", "reverse", "sort")
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CONTROL = "control"  # prompt kind without any trigger word
-
-#: Filler words of the ``"scramble"`` confound (``BehaviorSpec.confound``): reserved nonsense
-#: words used nowhere else (not content words, triggers, behaviors or markers). In a run with a
-#: confounded behavior they are in the vocabulary, after the markers.
-FILLER_WORDS = ("blorf", "cwimp", "drazzle", "fnoop", "glimber", "hrunk", "jaxle", "klorp",
-                "mubble", "nizzle", "plonk", "quibber", "shmerp", "trundle", "vorpy", "wumbly")
-
-
-def content_words(n: int) -> list[str]:
-    """The task's content words: ``n`` consonant-vowel-consonant pseudo-words, sorted."""
-    cons, vows = "bdfgklmnprstvz", "aeiou"
-    words = [a + v + b for a in cons for v in vows for b in "nrst"]
-    rng = np.random.default_rng(1234)
-    return sorted(rng.choice(words, size=n, replace=False).tolist())
 
 
 def vocabulary(cfg: BuildConfig) -> list[str]:

@@ -6,14 +6,18 @@ Owns:
   area over log k, the random band, intervals and the per-task checklist items that read them;
 * :mod:`.reference`: the causal reference a release ships (``seed<S>/causal.json``), computed on
   the build machine (``python -m benchmark.causal.reference RELEASE``);
-* :mod:`.replays`: the per-machine replay store and the local executor (worker processes,
-  ``python -m benchmark.causal.replays``), running the stacked engine of
+* :mod:`.store`: the per-machine replay store (jobs, keys, the stored baselines and removals)
+  and the lane runner both executors use, running the stacked engine of
   :mod:`benchmark.build.stacked`;
+* :mod:`.replays`: the executors that fill the store: local worker processes
+  (``python -m benchmark.causal.replays``), or Ray through :mod:`.cluster`;
 * :mod:`.cluster`: the same lanes on a Ray cluster (``--executor ray``; the ``cluster`` extra).
 
 May import: :mod:`benchmark.build` (the replay engine), :mod:`benchmark.releases`,
 :mod:`benchmark.metrics`, :mod:`benchmark.machine`, :mod:`benchmark.io`,
-:mod:`benchmark.errors`.
+:mod:`benchmark.errors`, :mod:`benchmark.verdicts` (the verdict words),
+:mod:`benchmark.controls` and :mod:`benchmark.contract` (the reference scores the built-in,
+trusted controls; never a submission).
 
 Must never: import the sandbox or run estimator code (it receives scores, never estimators), or
 the evaluator and the leaderboard (they import it).

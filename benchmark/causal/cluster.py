@@ -10,7 +10,7 @@ an optional extra (``pip install -e ".[cluster]"``); the local batched path stay
 How a lane runs on a node: the task gets the release's path (the release must be readable there
 at the same path: shared storage, or ``bt-bench download`` on every node), the lane's jobs and
 the stored files of the driver's replay store that the lane needs (the seed's baseline and the
-state it starts from). It runs :func:`benchmark.causal.replays.run_lane` in a private store of its
+state it starts from). It runs :func:`benchmark.causal.store.run_lane` in a private store of its
 own and returns the files it wrote; the driver installs them into its store. A replay's numbers
 depend on the machine that made them (docs/causal.md), so the driver's store is keyed by the
 cluster's machine fingerprint, which every node must share: :func:`cluster_fingerprint` asks
@@ -90,7 +90,7 @@ def _lane_task(release: str, manifest_sha256: str, machine: dict, lane: list,
 
     import torch
 
-    from benchmark.causal.replays import REPLAY_THREADS, Job, ReplayStore, run_lane
+    from benchmark.causal.store import REPLAY_THREADS, Job, ReplayStore, run_lane
 
     torch.set_num_threads(REPLAY_THREADS)
     with tempfile.TemporaryDirectory(prefix="bt-bench-ray-") as tmp:
@@ -115,7 +115,7 @@ def run_lanes_ray(store, lanes: list, bar) -> list[dict]:
             that finished are installed first, so a rerun continues from them).
     """
     ray = _ray()
-    from benchmark.causal.replays import _atomic, baseline_job, batch_start
+    from benchmark.causal.store import baseline_job, batch_start, write_atomically
 
     task = ray.remote(num_cpus=1, max_retries=1)(_lane_task)
     refs = []
@@ -141,7 +141,7 @@ def run_lanes_ray(store, lanes: list, bar) -> list[dict]:
             errors.append(str(exc)[-2000:])
             continue
         for rel, data in res["files"].items():
-            _atomic(store.dir / rel, lambda p, data=data: p.write_bytes(data))
+            write_atomically(store.dir / rel, lambda p, data=data: p.write_bytes(data))
         bar.update(sum(b["jobs"] for b in res["batches"]))
         facts.append({"batches": res["batches"], "seconds": res["seconds"]})
     if errors:

@@ -36,11 +36,11 @@ N_RANDOM = 8
 def control_scores(release, seed: int, task: str) -> dict:
     """Rollout scores of every control on the (seed, task) rollout view of its track.
 
-    The controls are ``benchmark.evaluate.control_files`` (trusted code); the open-track ones
+    The controls are ``benchmark.controls.control_files`` (trusted code); the open-track ones
     read text, so they get the open view.
     """
     from benchmark.contract import load_estimator_file
-    from benchmark.evaluate import control_files
+    from benchmark.controls import control_files
     from benchmark.releases.data import load_seed
 
     out = {}
@@ -95,14 +95,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
     records ``"lean": true``; a full reference's output is unchanged.
     """
     from benchmark.build.replay import ReplaySeed
-    from benchmark.causal.replays import (
-        REPLAY_ENGINE,
-        REPLAY_PRECISION,
-        REPLAY_VERSION,
-        Job,
-        open_store,
-        run_jobs,
-    )
+    from benchmark.causal.replays import open_store, run_jobs
+    from benchmark.causal.store import REPLAY_ENGINE, REPLAY_PRECISION, REPLAY_VERSION, Job
     from benchmark.machine import fingerprint
 
     seed_dir = release.path / f"seed{seed}"
@@ -200,7 +194,7 @@ def zlib_crc(text: str) -> int:
 
 def install(release_dir: str | Path, data: dict[int, dict]) -> dict:
     """Write ``seed<S>/causal.json`` for each seed and rewrite the manifest (sha256 of all)."""
-    from benchmark.releases.release import MANIFEST, atomic_write_json, write_manifest
+    from benchmark.releases.format import MANIFEST, atomic_write_json, write_manifest
 
     root = Path(release_dir)
     manifest = json.loads((root / MANIFEST).read_text())

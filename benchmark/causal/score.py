@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.checklist import combine
+from benchmark.verdicts import FAIL, INCONCLUSIVE, MAX_WIDTH, NOT_RUN, PASS, combine
 
 CAUSAL_FILE = "causal.json"
 #: the schema new references are written in (3: fair ties, ``ties`` recorded); schema 2 (ties to
@@ -73,11 +73,9 @@ ARRAY_ENCODING = "int32-le-base64"
 #: docs/causal.md); a verdict decided by less than this margin is inconclusive, never
 #: machine-dependent, and ``verify`` compares causal numbers within it
 CROSS_MACHINE_TOLERANCE = 0.01
-MAX_WIDTH = 0.15
 DEFAULT_CONTROLS = ("norm-only", "step-order")
 REFERENCE_ROWS = ("oracle", "provenance")
 STRONGEST = "strongest_control"
-PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not_run"
 
 
 class CausalDataError(ValueError):
@@ -698,11 +696,11 @@ def plan_replays(release, scores: dict, completions: int = TIE_COMPLETIONS):
     Returns:
         ``(refs, plan, jobs)``: ``{(seed, task): TaskReference}``, ``{(seed, task, method):
         (sets[k][r], cut[k])}`` (:func:`removal_sets`) and the
-        :class:`~benchmark.causal.replays.Job`
+        :class:`~benchmark.causal.store.Job`
         list of the distinct sets not shipped; or a string saying why there is no causal score
         (no reference shipped).
     """
-    from benchmark.causal.replays import Job
+    from benchmark.causal.store import Job
 
     raws = {s: load_reference(release.path, s) for s in sorted({s for s, _ in scores})}
     missing = [s for s, r in raws.items() if r is None or r.get("schema") not in READ_SCHEMAS]
@@ -764,7 +762,8 @@ def causal_results(release, scores: dict, estimator: str,
         "not_run", "reason"}`` when the release ships no causal reference), and how many replays
         ran here and how long they took (not part of results: it depends on the cache).
     """
-    from benchmark.causal.replays import Job, open_store, run_jobs
+    from benchmark.causal.replays import open_store, run_jobs
+    from benchmark.causal.store import Job
 
     planned = plan_replays(release, scores, settings.tie_completions)
     if isinstance(planned, str):

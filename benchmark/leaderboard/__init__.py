@@ -9,7 +9,7 @@ Rooms, by role:
 * :mod:`.columns`: the tables' columns and cells, shared by :mod:`.markdown` (``README.md``) and
   :mod:`.html_page` (``index.html``);
 * :mod:`.figures` (which figures, from which numbers, in which colours) and :mod:`.plots`
-  (the matplotlib drawing);
+  (the matplotlib drawing and the PNG bytes; it takes the colours from :mod:`.figures`);
 * :mod:`.reference`: the paper's Qwen2.5-1.5B rows (a separate, unranked table);
 * :mod:`.command`: :func:`generate`, :func:`check` and the CLI command.
 

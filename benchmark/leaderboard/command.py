@@ -79,7 +79,7 @@ def generate(submissions_dir: str | Path = "submissions", out: str | Path = "lea
     PNGs under ``out/figures`` that are no longer generated are deleted.
     """
     from benchmark.io import atomic_write_bytes, atomic_write_text
-    from benchmark.leaderboard.figures import render_png
+    from benchmark.leaderboard.plots import render_png
 
     out = Path(out)
     gen = _generate(Path(submissions_dir))

@@ -1,4 +1,4 @@
-"""Which figures the leaderboard draws, from which numbers, in which colours; PNG rendering.
+"""Which figures the leaderboard draws, from which numbers, in which colours.
 
 Per release, task and track:
 
@@ -20,16 +20,14 @@ is redrawn only when its data changes and ``--check`` compares data, not pixels.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from benchmark.leaderboard import rows as R
 from benchmark.leaderboard._common import get, round_floats, seed_key, slug
 
-__all__ = ["CONTROL_COLOUR", "FIGURE_DPI", "MARKERS", "PALETTE", "assign_colours",
-           "figure_path", "figure_specs", "render_png"]
+__all__ = ["CONTROL_COLOUR", "MARKERS", "PALETTE", "assign_colours", "figure_path",
+           "figure_specs"]
 
-FIGURE_DPI = 100
 #: entry colours: hue-distinct (tab10 without its grey), pairwise CIE76 distance >= 27
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#bcbd22", "#17becf")
@@ -183,24 +181,3 @@ def figure_specs(board: Any) -> dict[str, dict]:
                         "compared with, per-seed precision against chance and ceiling, and its "
                         "residualized draw AUC per seed and draw next to the controls"}
     return specs
-
-
-def render_png(kind: str, data: dict) -> bytes:
-    """The PNG bytes of one figure (Agg backend, fixed dpi and size, no metadata)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from benchmark.leaderboard.plots import PLOTTERS
-
-    # text.parse_math off: names and task ids from submissions are drawn as written ("$...$" in
-    # an estimator's name is not mathtext, and a malformed one cannot stop the rendering)
-    with plt.style.context("default"), matplotlib.rc_context({"font.family": "DejaVu Sans",
-                                                              "svg.hashsalt": "bt-bench",
-                                                              "text.parse_math": False}):
-        fig = PLOTTERS[kind](data)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=FIGURE_DPI, metadata={"Software": None})
-        plt.close(fig)
-    return buf.getvalue()

@@ -1,7 +1,8 @@
-"""The matplotlib drawing of each figure kind (data in, figure out; see :mod:`.figures`)."""
+"""The matplotlib drawing of each figure kind (data in, figure out; see :mod:`.figures`), as PNG."""
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Any
 
@@ -16,7 +17,9 @@ from benchmark.leaderboard.figures import (
     PROVENANCE_COLOUR,
 )
 
-__all__ = ["PLOTTERS"]
+__all__ = ["FIGURE_DPI", "PLOTTERS", "render_png"]
+
+FIGURE_DPI = 100
 
 _DRAW_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _GREY = "#57606a"
@@ -421,3 +424,22 @@ def _plot_submission(data: dict) -> Any:
 
 PLOTTERS = {"curves": _plot_curves, "precision": _plot_precision, "draw_auc": _plot_draw_auc,
             "submission": _plot_submission}
+
+
+def render_png(kind: str, data: dict) -> bytes:
+    """The PNG bytes of one figure (Agg backend, fixed dpi and size, no metadata)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # text.parse_math off: names and task ids from submissions are drawn as written ("$...$" in
+    # an estimator's name is not mathtext, and a malformed one cannot stop the rendering)
+    with plt.style.context("default"), matplotlib.rc_context({"font.family": "DejaVu Sans",
+                                                              "svg.hashsalt": "bt-bench",
+                                                              "text.parse_math": False}):
+        fig = PLOTTERS[kind](data)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=FIGURE_DPI, metadata={"Software": None})
+        plt.close(fig)
+    return buf.getvalue()

@@ -2,10 +2,11 @@
 
 Owns:
 
-* :mod:`.release`: the release format (manifest with the sha256 of every file, atomic writes,
-  verification) and the read side (:func:`~.release.load_release`, by id or folder);
-* :mod:`.hub`: publishing to and downloading from the Hugging Face Hub, the dataset card;
+* :mod:`.format`: the release format (layout constants, atomic writes, the manifest with the
+  sha256 of every file, verification);
+* :mod:`.release`: the read side (:func:`~.release.load_release`, by id or folder);
 * :mod:`.registry`: the pinned releases (``registry.json``: id -> Hub repo, revision, sha256);
+* :mod:`.hub`: publishing to and downloading from the Hugging Face Hub, the dataset card;
 * :mod:`.data`: from a release's files to the label-free views an estimator sees and the labels
   the evaluator keeps (:func:`~.data.load_view` is ``benchmark.load_view``).
 

@@ -1,11 +1,12 @@
-"""Frozen releases on the Hugging Face Hub: the registry, download, push and the dataset card.
+"""Frozen releases on the Hugging Face Hub: download, push and the dataset card.
 
 A published release is a Hub *dataset* repository whose files are the release folder
 (``manifest.json`` + ``seed<S>/...``, see ``docs/release_format.md``) plus a dataset card
-(``README.md``). The registry (``benchmark/releases/registry.json``, or the file named by
-``$BT_BENCH_REGISTRY``) pins each release id to a repo id, a commit SHA and the sha256 of its
-``manifest.json``; the manifest in turn holds the sha256 of every file. So a downloaded copy is
-checked end to end: registry -> manifest -> every file.
+(``README.md``). The registry (:mod:`benchmark.releases.registry`:
+``benchmark/releases/registry.json``, or the file named by ``$BT_BENCH_REGISTRY``) pins each
+release id to a repo id, a commit SHA and the sha256 of its ``manifest.json``; the manifest in
+turn holds the sha256 of every file. So a downloaded copy is checked end to end: registry ->
+manifest -> every file.
 
 Downloads go through :func:`huggingface_hub.snapshot_download` into the Hugging Face cache
 (``$HF_HUB_CACHE``, or ``cache_dir``), fetching only ``manifest.json`` and the files it lists;
@@ -31,121 +32,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark.errors import ReleaseError
-from benchmark.releases.release import MANIFEST, SCHEMA_VERSION, sha256_file, verify_release
+from benchmark.releases.format import MANIFEST, SCHEMA_VERSION, sha256_file, verify_release
+from benchmark.releases.registry import (
+    COMMIT_SHA,
+    REPO_ID,
+    RegistryEntry,
+    find_entry,
+    registry_entry,
+    registry_path,
+)
 
 REPO_TYPE = "dataset"
 CARD_FILE = "README.md"
-REGISTRY_FILE = Path(__file__).with_name("registry.json")
-REGISTRY_SCHEMA_VERSION = 1
 LICENSE = "apache-2.0"
-_HEX40 = re.compile(r"[0-9a-f]{40}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-# ---------------------------------------------------------------------- registry
-@dataclass(frozen=True)
-class RegistryEntry:
-    """One registered release.
-
-    Attributes:
-        release_id: the id users type (``"tiny"``).
-        repo_id: the Hub dataset repo (``"org/name"``).
-        revision: the pinned commit SHA (40 hex digits), ``None`` until the release is pushed.
-        manifest_sha256: sha256 of the release's ``manifest.json`` bytes.
-        shipped: folder in this repository that holds the same release (relative to the repo
-            root), ``None`` for Hub-only releases.
-        description: one line for people.
-    """
-
-    release_id: str
-    repo_id: str
-    revision: str | None
-    manifest_sha256: str
-    shipped: str | None = None
-    description: str = ""
-
-
-def registry_path() -> Path:
-    """The registry file in use: ``$BT_BENCH_REGISTRY`` or the one in the package."""
-    env = os.environ.get("BT_BENCH_REGISTRY")
-    return Path(env) if env else REGISTRY_FILE
-
-
-def load_registry(path: str | os.PathLike | None = None) -> dict[str, RegistryEntry]:
-    """Read and validate a registry file (default :func:`registry_path`); return id -> entry.
-
-    Raises:
-        ReleaseError: the file is missing, not JSON, or an entry is malformed (the message names
-            the entry, the bad value and the expected form).
-    """
-    path = Path(path) if path is not None else registry_path()
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ReleaseError(f"release registry {path} does not exist; unset BT_BENCH_REGISTRY or "
-                           "point it at a registry JSON file (format: docs/hub.md)") from None
-    except json.JSONDecodeError as e:
-        raise ReleaseError(f"release registry {path} is not valid JSON ({e}); fix the file "
-                           "(format: docs/hub.md)") from None
-    if raw.get("schema_version") != REGISTRY_SCHEMA_VERSION or not isinstance(
-            raw.get("releases"), dict):
-        raise ReleaseError(f"release registry {path} has schema_version "
-                           f"{raw.get('schema_version')!r} or no 'releases' object; expected "
-                           f"schema_version {REGISTRY_SCHEMA_VERSION} and a 'releases' object "
-                           "(format: docs/hub.md)")
-    out = {}
-    for rid, e in raw["releases"].items():
-        where = f"release registry {path}, entry {rid!r}"
-        if not isinstance(e, dict):
-            raise ReleaseError(f"{where} is {e!r}; expected an object (format: docs/hub.md)")
-        repo_id, rev, msha = e.get("repo_id"), e.get("revision"), e.get("manifest_sha256")
-        if not isinstance(repo_id, str) or not _REPO_ID.fullmatch(repo_id):
-            raise ReleaseError(f"{where}: repo_id {repo_id!r} is not a Hub repo id; expected "
-                               "'org/name'")
-        if rev is not None and (not isinstance(rev, str) or not _HEX40.fullmatch(rev)):
-            raise ReleaseError(f"{where}: revision {rev!r} is not a commit SHA; expected 40 "
-                               "lowercase hex digits (a branch or tag name moves), or null "
-                               "before the first push")
-        if not isinstance(msha, str) or not _HEX64.fullmatch(msha):
-            raise ReleaseError(f"{where}: manifest_sha256 {msha!r} is not a sha256; expected 64 "
-                               "lowercase hex digits (sha256sum manifest.json)")
-        out[rid] = RegistryEntry(release_id=rid, repo_id=repo_id, revision=rev,
-                                 manifest_sha256=msha, shipped=e.get("shipped"),
-                                 description=e.get("description", ""))
-    return out
-
-
-def registry_entry(release_id: str,
-                   registry: dict[str, RegistryEntry] | None = None) -> RegistryEntry:
-    """Return the registry entry of ``release_id``.
-
-    Raises:
-        ReleaseError: the id is not registered (the message lists the registered ids).
-    """
-    registry = load_registry() if registry is None else registry
-    if release_id not in registry:
-        raise ReleaseError(f"release {release_id!r} is not in the release registry "
-                           f"{registry_path()}; registered: {sorted(registry)}. Pass a registered "
-                           "id, or a release folder path")
-    return registry[release_id]
-
-
-def find_entry(release_id: str) -> RegistryEntry | None:
-    """The registry entry of ``release_id``, or ``None`` when it is not registered."""
-    return load_registry().get(str(release_id))
-
-
-def entry_for_manifest(release_id: str, manifest_sha256: str) -> RegistryEntry | None:
-    """The registry entry whose id and manifest sha256 both match, else ``None``.
-
-    A match proves the folder holds the pinned Hub revision's files byte for byte (the manifest
-    pins every file's sha256), so its ``revision`` is the one to record.
-    """
-    e = load_registry().get(release_id)
-    return e if e is not None and e.manifest_sha256 == manifest_sha256 else None
-
-
+# ---------------------------------------------------------------------- the Hugging Face cache
 def hub_origin(root: str | os.PathLike) -> tuple[str, str] | None:
     """``(repo_id, commit)`` when ``root`` is a snapshot folder of a Hub dataset in an HF cache.
 
@@ -153,7 +55,7 @@ def hub_origin(root: str | os.PathLike) -> tuple[str, str] | None:
     """
     root = Path(root)
     repo_folder = root.parent.parent.name
-    if root.parent.name != "snapshots" or not _HEX40.fullmatch(root.name):
+    if root.parent.name != "snapshots" or not COMMIT_SHA.fullmatch(root.name):
         return None
     parts = repo_folder.split("--")
     if len(parts) != 3 or parts[0] != f"{REPO_TYPE}s":
@@ -300,7 +202,7 @@ def download_release(release_id: str, revision: str | None = None,
             registry; ``load_release`` verifies the files later).
         local_files_only: never touch the network (as with ``HF_HUB_OFFLINE=1``).
         endpoint: Hub URL (default ``$HF_ENDPOINT`` or https://huggingface.co).
-        registry: id -> entry (default :func:`load_registry`).
+        registry: id -> entry (default :func:`~benchmark.releases.registry.load_registry`).
 
     Returns:
         A :class:`Download` with the snapshot folder in ``path``.
@@ -331,7 +233,7 @@ def download_release(release_id: str, revision: str | None = None,
     # 1. the manifest alone, checked against the registry before fetching anything else
     mpath = Path(_hub_call(entry, rev, cache_dir, hf_hub_download, filename=MANIFEST,
                            local_files_only=offline, **common))
-    commit = mpath.parent.name if _HEX40.fullmatch(mpath.parent.name) else None
+    commit = mpath.parent.name if COMMIT_SHA.fullmatch(mpath.parent.name) else None
     must_match = revision is None or entry.revision is None or rev == entry.revision
     msha = sha256_file(mpath)
     if must_match and msha != entry.manifest_sha256:
@@ -358,7 +260,7 @@ def download_release(release_id: str, revision: str | None = None,
     snap = Path(_hub_call(entry, rev, cache_dir, snapshot_download,
                           allow_patterns=[MANIFEST, *sorted(files)], local_files_only=offline,
                           **common))
-    commit = snap.name if _HEX40.fullmatch(snap.name) else commit
+    commit = snap.name if COMMIT_SHA.fullmatch(snap.name) else commit
 
     # 3. every file against the manifest; fetch the bad ones again when we can
     repaired: list[str] = []
@@ -641,7 +543,7 @@ def push_release(root: str | os.PathLike, repo_id: str, private: bool = False,
     """
     from huggingface_hub import CommitOperationDelete, HfApi
 
-    if not _REPO_ID.fullmatch(repo_id):
+    if not REPO_ID.fullmatch(repo_id):
         raise ReleaseError(f"--repo-id {repo_id!r} is not a Hub repo id; expected 'org/name'")
     root = Path(root)
     ops = upload_plan(root, repo_id)

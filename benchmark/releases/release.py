@@ -1,9 +1,10 @@
-"""Release format: atomic writes, the manifest with sha256 of every file, and the read side.
+"""The read side of a release: find it, verify it, open its seeds without labels.
 
 A release folder holds ``manifest.json`` and one ``seed<S>/`` folder per seed (see
-``docs/release_format.md``). :func:`load_release` verifies every checksum and returns a
-:class:`Release`; ``release.seed(S)`` is a :class:`SeedView` without labels, and
-``release.labels(S)`` (or ``view.labels()``) reads the separate label file.
+``docs/release_format.md``; the format itself is :mod:`benchmark.releases.format`).
+:func:`load_release` verifies every checksum and returns a :class:`Release`; ``release.seed(S)``
+is a :class:`SeedView` without labels, and ``release.labels(S)`` (or ``view.labels()``) reads the
+separate label file.
 
 Example:
     >>> rel = load_release("tiny")                      # doctest: +SKIP
@@ -16,97 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from benchmark.errors import ReleaseError
-from benchmark.io import atomic_write_bytes  # noqa: F401  (re-exported for the builder)
-
-SCHEMA_VERSION = 3
-RELEASE_VERSION = "3.0.0"
-LABEL_FILE = "labels.parquet"
-MANIFEST = "manifest.json"
-WORK_DIR = ".work"
+from benchmark.releases.format import LABEL_FILE, MANIFEST, SCHEMA_VERSION, verify_release
+from benchmark.releases.registry import entry_for_manifest, find_entry, load_registry
 
 
-# ---------------------------------------------------------------------- write side
-def atomic_write_json(path: Path, obj) -> None:
-    """Write ``obj`` as sorted, indented, standard JSON (no NaN) atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False)
-                              + "\n").encode())
-
-
-def atomic_write_parquet(path: Path, df) -> None:
-    """Write a pandas DataFrame as parquet (no index) atomically."""
-    import io
-
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def release_files(root: Path) -> list[Path]:
-    """Every file of a release except the manifest and the build's work folder, sorted."""
-    root = Path(root)
-    out = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if p.is_file() and rel.parts[0] != WORK_DIR and str(rel) != MANIFEST:
-            out.append(p)
-    return out
-
-
-def package_versions() -> dict:
-    """Versions of the packages a build depends on."""
-    import torch
-    import transformers
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "numpy": np.__version__}
-
-
-def write_manifest(root: Path, release_id: str, build: dict, seeds: dict,
-                   version: str = RELEASE_VERSION) -> dict:
-    """Write ``manifest.json`` at ``root`` with sha256 and size of every file; return it.
-
-    Args:
-        root: release folder.
-        release_id: e.g. ``"tiny"``.
-        build: the build description (preset, configs, thread count ...).
-        seeds: per-seed summaries (gates, sketch fidelity, timings), keyed by seed number.
-        version: the release version string.
-    """
-    root = Path(root)
-    files = {}
-    for p in release_files(root):
-        if p.name.endswith(".tmp"):
-            raise ReleaseError(f"half-written file {p} in the release; rerun the build")
-        files[p.relative_to(root).as_posix()] = {"sha256": sha256_file(p),
-                                                 "size": p.stat().st_size}
-    manifest = {
-        "schema_version": SCHEMA_VERSION, "release_id": release_id, "release_version": version,
-        "build": build, "packages": package_versions(),
-        "seeds": {str(k): v for k, v in sorted(seeds.items())},
-        "label_file": LABEL_FILE, "files": files,
-        "total_bytes": sum(f["size"] for f in files.values()),
-    }
-    atomic_write_json(root / MANIFEST, manifest)
-    return manifest
-
-
-# ---------------------------------------------------------------------- read side
 def releases_dir() -> Path:
     """Folder of named releases: ``$BT_BENCH_RELEASES`` or ``<repo root>/releases``."""
     env = os.environ.get("BT_BENCH_RELEASES")
@@ -120,10 +40,10 @@ def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> P
 
     Order: a folder holding ``manifest.json``; ``releases_dir() / name`` (the shipped ``tiny``,
     or ``$BT_BENCH_RELEASES``); then, for an id in the release registry
-    (:mod:`benchmark.releases.hub`), its pinned revision in the Hugging Face cache, downloaded
-    first when
-    it is not cached and ``download`` is true (never with ``HF_HUB_OFFLINE=1``). The folder is
-    returned as an absolute path (the estimator's sandbox runs in another working directory).
+    (:mod:`benchmark.releases.registry`), its pinned revision in the Hugging Face cache,
+    downloaded first (:mod:`benchmark.releases.hub`) when it is not cached and ``download`` is
+    true (never with ``HF_HUB_OFFLINE=1``). The folder is returned as an absolute path (the
+    estimator's sandbox runs in another working directory).
 
     Raises:
         ReleaseError: nothing found (the message says where it looked and how to get it).
@@ -136,7 +56,7 @@ def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> P
         return Path(os.path.abspath(cand))
     from benchmark.releases import hub
 
-    entry = hub.find_entry(str(name_or_path))
+    entry = find_entry(str(name_or_path))
     if entry is not None:
         hit = hub.cached_release(entry.release_id)
         if hit is not None:
@@ -144,33 +64,12 @@ def resolve_release(name_or_path: str | os.PathLike, download: bool = True) -> P
         if download:
             return hub.release_from_hub(entry.release_id)
     hint = (f"run `bt-bench download {name_or_path}`" if entry is not None else
-            f"registered ids: {sorted(hub.load_registry())}")
+            f"registered ids: {sorted(load_registry())}")
     raise ReleaseError(
         f"no release {str(name_or_path)!r}: neither {p} nor {cand} holds {MANIFEST} and it is not "
         f"in the Hugging Face cache; pass a release folder, set BT_BENCH_RELEASES to the folder "
         f"that contains it, or {hint}"
     )
-
-
-def verify_release(root: Path, manifest: dict | None = None) -> None:
-    """Check that every manifest file exists with its size and sha256; raise ReleaseError if not."""
-    root = Path(root)
-    if manifest is None:
-        manifest = json.loads((root / MANIFEST).read_text())
-    for rel, meta in manifest["files"].items():
-        p = root / rel
-        if not p.is_file():
-            raise ReleaseError(
-                f"release file {rel} listed in {root / MANIFEST} is missing; restore it "
-                "(git checkout / re-download the release)"
-            )
-        actual = sha256_file(p)
-        if actual != meta["sha256"]:
-            raise ReleaseError(
-                f"release file {rel} fails its checksum: expected sha256 {meta['sha256']}, "
-                f"actual {actual}; restore the original file (git checkout -- {p} or "
-                "re-download the release), never edit a frozen release"
-            )
 
 
 @dataclass
@@ -367,7 +266,7 @@ def load_release(name_or_path: str | os.PathLike, verify: bool = True) -> Releas
                                f"{origin[1]}): `bt-bench download {manifest.get('release_id')} "
                                f"--revision {origin[1]}` fetches the failing files again") from e
     if origin is None:
-        entry = hub.entry_for_manifest(str(manifest.get("release_id")), msha)
+        entry = entry_for_manifest(str(manifest.get("release_id")), msha)
         if entry is not None and entry.revision is not None:
             origin = (entry.repo_id, entry.revision)
     seeds = sorted(int(s) for s in manifest["seeds"])
