@@ -23,16 +23,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("benchmark", "estimators")
 
-#: circles being removed on another branch (the split of benchmark/sandbox/isolation.py): tolerated
-#: here until then, and :func:`test_pending_cycles_still_exist` fails once one is gone, so the
-#: entry is removed with it
-PENDING_CYCLES = {frozenset({"benchmark.sandbox.isolation", "benchmark.sandbox.requirements"})}
-
-#: arrows a subpackage's "May import:" does not allow yet, as (subpackage, module); removed the
-#: same way. The sandbox checks an estimator's declared track, tasks and fallbacks against the
-#: names estimators.base re-exports; benchmark.contract owns them (the sandbox may import it).
-PENDING_ARROWS = {("benchmark.sandbox", "estimators.base")}
-
 #: the subpackages whose ``__init__`` docstrings state what they may and must never import
 RULED = ("benchmark.sandbox", "benchmark.causal", "benchmark.releases")
 
@@ -227,20 +217,13 @@ def test_the_walk_sees_lazy_relative_and_from_imports(tmp_path):
 
 
 def test_no_import_cycles():
-    """No module reaches itself through imports (except the pending circles, listed above)."""
+    """No module reaches itself through imports."""
     graph = import_graph()
-    bad = [c for c in strongly_connected(graph) if c not in PENDING_CYCLES]
+    bad = strongly_connected(graph)
     assert not bad, (
         "import circles (a lower module should take what it needs as an argument or from a "
         "small shared module it and the higher one both import):\n"
         + "\n".join(f"  {cycle_path(graph, c)}   (circle of {sorted(c)})" for c in bad))
-
-
-def test_pending_cycles_still_exist():
-    """Each tolerated circle is still there; once it is broken, remove it from PENDING_CYCLES."""
-    comps = set(strongly_connected(import_graph()))
-    gone = [sorted(c) for c in PENDING_CYCLES if c not in comps]
-    assert not gone, f"these circles are gone (or changed): remove them from PENDING_CYCLES: {gone}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,16 +253,9 @@ def test_subpackage_imports_only_what_it_may(package):
     allowed = may_import(package)
     assert allowed, f"{package}'s __init__ docstring has no 'May import:' paragraph"
     bad = sorted((m, t) for m, t in _arrows_outside(package)
-                 if t not in PACKAGES and not any(_inside(t, a) for a in allowed)
-                 and (package, t) not in PENDING_ARROWS)
+                 if t not in PACKAGES and not any(_inside(t, a) for a in allowed))
     assert not bad, (f"{package} may import {allowed} (its __init__ docstring), but: "
                      + "; ".join(f"{m} -> {t}" for m, t in bad))
-
-
-def test_pending_arrows_still_exist():
-    """Each tolerated arrow is still there; once it is gone, remove it from PENDING_ARROWS."""
-    gone = sorted((p, t) for p, t in PENDING_ARROWS if t not in {b for _, b in _arrows_outside(p)})
-    assert not gone, f"these arrows are gone: remove them from PENDING_ARROWS: {gone}"
 
 
 @pytest.mark.parametrize("package", RULED)

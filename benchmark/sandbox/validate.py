@@ -20,8 +20,7 @@ from benchmark.untrusted import clean_text, quote
 
 def validate_meta(obj: object, who: str) -> dict:
     """The sandbox's declared metadata, checked field by field (never trusted as sent)."""
-    from benchmark.contract import MAX_NAME, config_problem
-    from estimators.base import FALLBACK_VIEWS, TASKS, TRACKS
+    from benchmark.contract import FALLBACK_VIEWS, MAX_NAME, TASKS, TRACKS, config_problem
 
     def bad(what: str) -> IsolationError:  # the caller names the estimator ({who})
         return IsolationError(f"its declared metadata was refused ({what}).")
