@@ -8,6 +8,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from benchmark.contract import TRACKS  # noqa: F401 (the tracks in table order, for the modules here)
 from benchmark.errors import BenchmarkError
 from benchmark.untrusted import visible
 
@@ -18,8 +19,6 @@ LEADERBOARD_SCHEMA_VERSION = 3
 RESULTS_SCHEMA_VERSION = 3
 #: the command that regenerates ``leaderboard/``
 REGENERATE = "bt-bench leaderboard"
-#: tracks in table order
-TRACKS = ("gradient", "open")
 #: checklist items shown as columns: (number, key); 8 and 9 are diagnostics (results.json only)
 GATED_ITEMS = ((1, "magnitude"), (2, "fluency"), (3, "headroom"), (4, "timing"), (5, "seeds"),
                (6, "draws"), (7, "precision_of_estimate"), (10, "causal"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmark.checklist import live_entry
+from benchmark.contract import FALLBACK_VIEWS  # the views an estimator may fall back in
 from benchmark.leaderboard._common import (
     GATED_KEYS,
     RESULTS_SCHEMA_VERSION,
@@ -41,9 +42,6 @@ __all__ = [
     "task_seeds",
 ]
 
-#: views in which an estimator may declare that it falls back to a generic sketch method
-#: (``results["estimator"]["fallbacks"]``, from the estimator class's ``fallbacks`` attribute)
-FALLBACK_VIEWS = ("step", "draws")
 #: the table cells whose numbers come from a fallback view (marked with a dagger)
 FALLBACK_CELLS = {"step": ("step_precision",),
                   "draws": ("draw_auc", "item1", "item2", "item6", "item7")}
