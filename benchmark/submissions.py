@@ -764,11 +764,13 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         report.error = f"re-evaluation failed: {exc}"
         report.fix = _failure_fix(sub, str(exc))
         return report
+    other_runs: dict[int, tuple[str, str]] = {}
     if "live" in committed:
         fresh["live"] = _rescore_live(sub, committed["live"], progress, limits, env, report)
         if report.error:
             return report
-        fresh = _with_live_item_here(fresh, committed["live"])
+        other_runs = _other_runs(committed["live"], fresh["live"])
+        fresh = _with_live_item_here(fresh, committed["live"], other_runs)
     # compare after the same rounding and JSON encoding the committed file went through
     with tempfile.TemporaryDirectory(prefix="bt-bench-verify-") as tmp:
         write_results(fresh, Path(tmp) / RESULTS_FILE)
@@ -776,7 +778,6 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     if dump is not None:
         Path(dump).mkdir(parents=True, exist_ok=True)
         write_results(fresh, Path(dump) / f"{sub.path.name}.json")
-    other_runs = _other_runs(committed.get("live"), recomputed.get("live"))
     for i, (was, now) in sorted(other_runs.items()):
         report.ignored.append(Drift(
             f"live.draws.{i}.run_sha256 (this machine trained another run from draw "
@@ -829,16 +830,15 @@ def _rescore_live(sub: Submission, recorded: object, progress: bool, limits, env
     return live.live_block(scale, out)
 
 
-def _with_live_item_here(fresh: dict, recorded: dict) -> dict:
+def _with_live_item_here(fresh: dict, recorded: dict, other: dict[int, tuple[str, str]]) -> dict:
     """``fresh`` with item 11 and the overall verdict, from the draws this machine can check.
 
-    A recorded draw this machine trained as another run (:func:`_other_runs`) cannot be
-    reproduced here, so item 11 and the verdict are derived from its *recorded* record in its
+    A recorded draw this machine trained as another run (``other``: :func:`_other_runs`) cannot
+    be reproduced here, so item 11 and the verdict are derived from its *recorded* record in its
     place (the public numbers are this machine's): they are still compared, which checks that
     the committed item follows from the committed draws, while ``fresh["live"]["draws"]`` keeps
     what was computed here (reported as a note, not compared).
     """
-    other = _other_runs(recorded, fresh["live"])
     if not other:
         return with_live_item(fresh)
     draws = [recorded["draws"][i] if i in other else d

@@ -8,7 +8,6 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from benchmark.contract import TRACKS  # noqa: F401 (the tracks in table order, for the modules here)
 from benchmark.errors import BenchmarkError
 from benchmark.untrusted import visible
 

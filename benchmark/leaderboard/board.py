@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmark.contract import TRACKS  # the tracks in table order
 from benchmark.leaderboard import rows as R
 from benchmark.leaderboard._common import (
     LEADERBOARD_SCHEMA_VERSION,
     REGENERATE,
-    TRACKS,
     LeaderboardError,
     finite,
     get,
