@@ -162,6 +162,11 @@ class BuildConfig:
     # task family (benchmark.build.family): {"version", "draw_id", "redraw"} of a drawn run
     family: dict | None = None
 
+    # arithmetic of the build: "float32" (the tiny releases) or "float64" (family draws from
+    # version 2.0: SFT, GRPO, targets and draws in float64 with a numpy initialization, so that
+    # a draw id trains the same run, token for token, on any CPU; docs/task_family.md)
+    precision: str = "float32"
+
     def behavior(self, behavior_id: str) -> BehaviorSpec:
         """The behavior with this id."""
         for b in self.behaviors:
@@ -229,6 +234,8 @@ class BuildConfig:
                 f"checkpoints {self.checkpoints} must include 0 (post-SFT) and the final step "
                 f"{self.steps}"
             )
+        if self.precision not in PRECISIONS:
+            raise BuildError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.sketch_dtype not in ("float16", "float32"):
             raise BuildError(f"sketch_dtype must be float16 or float32, got {self.sketch_dtype}")
         if not self.behaviors:
@@ -288,5 +295,8 @@ class BuildConfig:
 
 
 # defaults of settings added after release 2.0 (left out of ``to_dict`` while unchanged)
-_LATER_DEFAULTS = {"family": None}
+_LATER_DEFAULTS = {"family": None, "precision": "float32"}
+
+#: the build arithmetics (:attr:`BuildConfig.precision`)
+PRECISIONS = ("float32", "float64")
 _LATER_BEHAVIOR_DEFAULTS = {"confound": None, "confound_words": 2}

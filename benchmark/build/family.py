@@ -30,11 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.build.config import MAX_PHRASE, BehaviorSpec, BuildConfig
+from benchmark.build.trajectory import trajectory_sha256
 from benchmark.errors import BuildError
 
 #: Version of the family's generator: bump it whenever ``draw_config`` would map any draw id to
 #: a different config (vocabulary, ranges, scales, sampling order).
-FAMILY_VERSION = "1.0"
+#: 2.0: every draw is built in float64 from a numpy initialization (the same run, token for
+#: token, on any CPU: :mod:`benchmark.build.trajectory`); 1.0 built in float32.
+FAMILY_VERSION = "2.0"
 
 #: first entropy word of every draw's ``SeedSequence`` (keeps family streams apart from others)
 FAMILY_TAG = 0x7A5C_F41D
@@ -83,7 +86,8 @@ def _family_scale(seed: int) -> BuildConfig:
     return BuildConfig(
         preset="family", seed=seed, hidden=64, intermediate=192, n_heads=4, n_kv_heads=4,
         sft_steps=800, lr=3e-4, steps=FAMILY_STEPS, prompts_per_step=6, max_new_tokens=10,
-        checkpoints=[0, 30, 60, 90, 120], draw_prompts=32, n_draws=2, behaviors=[])
+        checkpoints=[0, 30, 60, 90, 120], draw_prompts=32, n_draws=2, behaviors=[],
+        precision="float64")
 
 
 def _micro_scale(seed: int) -> BuildConfig:
@@ -94,7 +98,8 @@ def _micro_scale(seed: int) -> BuildConfig:
         group_size=4, max_new_tokens=10, sketch_dim=256, checkpoints=[0, 2, 4, 6],
         draw_prompts=2, draw_group_size=4, target_prompts=4, target_samples=4, curve_every=2,
         curve_prompts=8, fidelity_every=1, gate_window_min=0.0, gate_final_min=0.0,
-        gate_control_max=1.0, fidelity_max_precision_diff=1.0, resume_every=2, behaviors=[])
+        gate_control_max=1.0, fidelity_max_precision_diff=1.0, resume_every=2, behaviors=[],
+        precision="float64")
 
 
 #: run scales a draw can be built at (``bt-bench build --preset SCALE --draw ID``)
@@ -222,7 +227,7 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
             shutil.rmtree(out / ".work" / f"seed{cfg.seed}", ignore_errors=True)
             continue
         family = {"version": FAMILY_VERSION, "draw_id": int(draw_id), "redraws": redraw,
-                  "failed": failed, "scale": scale,
+                  "failed": failed, "scale": scale, "trajectory_sha256": trajectory_sha256(out),
                   "build_seconds": round(time.perf_counter() - t0, 1)}
         manifest = write_release_manifest(out, scale, {cfg.seed: cfg},
                                           release_id or f"{scale}-draw{draw_id}", 1,

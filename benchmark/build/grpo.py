@@ -71,11 +71,15 @@ def advantages(rewards: torch.Tensor, group_size: int, eps: float) -> torch.Tens
 
 
 class PerRolloutGrad:
-    """Per-row gradients of ``coef_b * masked_mean_logprob_b`` via ``vmap(grad)``; flat float32."""
+    """Per-row gradients of ``coef_b * masked_mean_logprob_b`` via ``vmap(grad)``.
+
+    Flat, in the model's dtype (float32; float64 for a widened model).
+    """
 
     def __init__(self, model) -> None:
         self.model = model
         self.names = [n for n, _ in model.named_parameters()]
+        self.dtype = next(model.parameters()).dtype  # float32, or float64 (a widened model)
 
         def one(params, ids, mask, coef):
             logits = wide(functional_call(model, params, (ids[None],),
@@ -91,7 +95,8 @@ class PerRolloutGrad:
         params = {n: p.detach() for n, p in self.model.named_parameters()}
         outs = []
         for s in range(0, ids.shape[0], chunk):
-            g = self._vg(params, ids[s:s + chunk], mask[s:s + chunk], coef[s:s + chunk].float())
+            g = self._vg(params, ids[s:s + chunk], mask[s:s + chunk],
+                         coef[s:s + chunk].to(self.dtype))
             outs.append(torch.cat([g[n].reshape(g[n].shape[0], -1) for n in self.names], 1))
         return torch.cat(outs, 0)
 
@@ -219,13 +224,13 @@ def rollout_gradients(per_grad: PerRolloutGrad, ro: Rollouts, cfg: BuildConfig,
         parts.append(per_grad(ids[nz], mask[nz], coef))
         rows.extend(sl[j] for j in nz)
     n_params = sum(p.numel() for p in per_grad.model.parameters())
-    grads = torch.cat(parts, 0) if parts else torch.zeros(0, n_params)
+    grads = torch.cat(parts, 0) if parts else torch.zeros(0, n_params, dtype=per_grad.dtype)
     return rows, grads
 
 
 def sum_rows(grads: torch.Tensor, n_params: int) -> torch.Tensor:
-    """Sum gradient rows in row order (a fixed float32 summation order)."""
-    out = torch.zeros(n_params)
+    """Sum gradient rows in row order (a fixed summation order, in the rows' dtype)."""
+    out = torch.zeros(n_params, dtype=grads.dtype)
     for row in grads:
         out += row
     return out
@@ -246,7 +251,7 @@ def exact_step_grad(grads: torch.Tensor, index: list[int], cfg: BuildConfig,
         sel = [k for k, i in enumerate(index) if (i // G) % world == r]
         part = sum_rows(grads[sel], n_params)
         total = part if total is None else total + part
-    return total if total is not None else torch.zeros(n_params)
+    return total if total is not None else torch.zeros(n_params, dtype=grads.dtype)
 
 
 def apply_update(model, optimizer, cfg: BuildConfig, step_grad: torch.Tensor) -> None:

@@ -53,7 +53,7 @@ def _ckpt_dir(seed_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(model, path: Path) -> None:
-    """``save_pretrained`` (safetensors, fp32) into a temp folder, then rename."""
+    """``save_pretrained`` (safetensors, in the model's dtype) into a temp folder, then rename."""
     tmp = path.with_name(path.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -95,14 +95,33 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def load_checkpoint(path: Path):
-    """Load a saved checkpoint in fp32 with eager attention."""
+def load_checkpoint(path: Path, precision: str = "float32"):
+    """Load a saved checkpoint with eager attention, in fp32 or (``"float64"``) widened.
+
+    A float64 checkpoint (a float64 build's) must be loaded with ``precision="float64"``:
+    loading it in fp32 rounds its parameters.
+    """
     from transformers import AutoModelForCausalLM
 
     with quiet_transformers():
-        return AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, attn_implementation="eager"
         )
+    if precision == "float64":
+        # widen the fp32 model (its buffers, e.g. the rotary frequencies, as every float64
+        # replay has them), then put the file's parameters in exactly: a float64 file's bits
+        # survive, an fp32 file's values are the fp32 model's
+        from safetensors.torch import load_file
+
+        from benchmark.build.precision import widen
+
+        widen(model)
+        saved = load_file(Path(path) / "model.safetensors")
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name])
+    return model
 
 
 def _atomic_torch_save(obj, path: Path) -> None:
@@ -262,7 +281,7 @@ class SeedBuild:
 
     def _stage_grpo(self) -> None:
         cfg, tok, d = self.cfg, self._tok(), self.dist
-        model = load_checkpoint(_ckpt_dir(self.dir, 0))
+        model = load_checkpoint(_ckpt_dir(self.dir, 0), self.cfg.precision)
         n_params = sum(p.numel() for p in model.parameters())
         sk = self._sketcher(model)
         per_grad = PerRolloutGrad(model)
@@ -522,7 +541,7 @@ class SeedBuild:
         (self.dir / "targets").mkdir(exist_ok=True)
         for step in tqdm(cfg.checkpoints, desc=f"seed {cfg.seed} targets",
                          disable=not self.progress, leave=False):
-            model = load_checkpoint(_ckpt_dir(self.dir, step))
+            model = load_checkpoint(_ckpt_dir(self.dir, step), self.cfg.precision)
             model.eval()
             decoder = make_decoder(model)
             sk = sk or self._sketcher(model)
@@ -546,7 +565,7 @@ class SeedBuild:
             bid = T.behavior_ids(tok, b)
             (self.dir / "draws" / b.id).mkdir(parents=True, exist_ok=True)
             for step in b.draw_checkpoints:
-                model = load_checkpoint(_ckpt_dir(self.dir, step))
+                model = load_checkpoint(_ckpt_dir(self.dir, step), self.cfg.precision)
                 model.eval()
                 decoder = make_decoder(model)
                 sk = self._sketcher(model)

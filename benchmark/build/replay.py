@@ -134,11 +134,9 @@ class ReplaySeed:
         if self._model is None:
             from benchmark.build.pipeline import load_checkpoint
 
-            self._model = load_checkpoint(self._start_file.parent)
-            if self.precision == "float64":
-                from benchmark.build.precision import widen
-
-                widen(self._model)
+            # a float64 replay loads the start in float64 (a float64 build's checkpoint keeps
+            # every bit; an fp32 one is widened exactly)
+            self._model = load_checkpoint(self._start_file.parent, self.precision)
         else:
             with torch.no_grad():
                 sd = self._model.state_dict()

@@ -71,7 +71,37 @@ def make_model(cfg: BuildConfig, tokenizer):
         attn_implementation="eager",
     )
     model = AutoModelForCausalLM.from_config(conf, attn_implementation="eager")
+    if cfg.precision == "float64":
+        return _numpy_initialized(model, cfg.seed, conf.initializer_range)
     return model.to(torch.float32)
+
+
+#: first entropy word of a float64 build's initialization stream
+INIT_TAG = 0x1B17_D0C5
+
+
+def _numpy_initialized(model, seed: int, std: float):
+    """``model`` in float64 with its random weights drawn by numpy, every op widened.
+
+    torch's CPU ``normal_`` has vectorised paths whose last bits depend on the kernel width
+    (``ATEN_CPU_CAPABILITY``); numpy's ``PCG64`` + ``standard_normal`` stream is the same on every
+    machine, so a float64 build starts from the same parameters everywhere. Parameters that
+    transformers initialises to a constant (norm weights 1, biases 0) keep it; every other one
+    is ``std * standard_normal`` in ``named_parameters()`` order.
+    """
+    import numpy as np
+
+    from benchmark.build.precision import widen
+
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([INIT_TAG, int(seed)])))
+    widen(model)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            flat = p.reshape(-1)
+            if bool((flat == flat[0]).all()):
+                continue  # a constant initialisation (ones, zeros)
+            p.copy_(torch.from_numpy(std * rng.standard_normal(p.numel())).reshape(p.shape))
+    return model
 
 
 def step_generator(seed: int, *tags: int) -> torch.Generator:
