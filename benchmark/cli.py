@@ -147,11 +147,9 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="wall-time limit of the estimator's sandbox (default 600)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.add_argument("--live-draw", type=int, default=None, metavar="ID",
-                   help="score on this live draw (default: a draw id chosen at random now)")
-    p.add_argument("--no-live", action="store_true",
-                   help="skip the live draw (tests only: a submission records one)")
-    _add_live_scale(p)
+    p.add_argument("--no-panel", action="store_true",
+                   help="skip scoring on the season panel's draws (tests only: where a panel "
+                        "exists, a submission records its panel scores)")
     _add_executor(p)
     p.set_defaults(func=lambda a: _submissions().submit_command(a))
     v = sub.add_parser("verify", help="re-score submissions and compare with their results.json")
@@ -166,12 +164,37 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
                         "random by this run and printed first)")
     v.add_argument("--no-live-check", action="store_true",
                    help="skip scoring every entry on a new live draw")
+    v.add_argument("--no-panel-check", action="store_true",
+                   help="skip re-scoring every entry on the season panel's draws (local runs "
+                        "only: CI checks the panel)")
     v.add_argument("--dump", default=None, metavar="DIR",
                    help="write each entry's recomputed results to DIR/<name>.json (compare two "
                         "runs byte for byte, e.g. before and after a refactor)")
     _add_live_scale(v)
     _add_executor(v)
     v.set_defaults(func=lambda a: _submissions().verify_command(a))
+    pn = sub.add_parser("panel", help="season panels: the draws every entry is ranked on")
+    psub = pn.add_subparsers(dest="panel_command", required=True)
+    new = psub.add_parser("new", help="maintainers: draw a new season panel (ids from secrets), "
+                                      "build its draws, score every submission on them, write "
+                                      "submissions/_panel/panel.json and each panel.json")
+    new.add_argument("--draws", type=int, default=3, metavar="N",
+                     help="draws in the panel, 3-8 (default 3)")
+    new.add_argument("--scale", default=None,
+                     help="run scale: family (default) or micro-family (tests)")
+    new.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                     help="wall-time limit of each estimator's sandbox (default 600)")
+    show = psub.add_parser("show", help="print the current panel and its entries' panel scores")
+    sc = psub.add_parser("score", help="(re)score submissions on the current panel and write "
+                                       "their panel.json")
+    sc.add_argument("names", nargs="+", help="submission names")
+    sc.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="wall-time limit of each estimator's sandbox (default 600)")
+    for q in (new, show, sc):
+        q.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
+        q.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        _add_executor(q)
+    pn.set_defaults(func=lambda a: _panel().panel_command(a))
     lb = sub.add_parser("leaderboard", help="regenerate leaderboard/ from submissions/")
     lb.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
     lb.add_argument("--out", default="leaderboard", help="output folder (default: ./leaderboard)")
@@ -191,6 +214,12 @@ def _add_hub(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repo-id", required=True, help="Hub dataset repo id, e.g. org/bt-bench-tiny")
     p.add_argument("--private", action="store_true", help="create the repo as private")
     p.set_defaults(func=lambda a: _hub().push_command(a))
+
+
+def _panel():
+    from benchmark.submissions import panel
+
+    return panel
 
 
 def _live():

@@ -4,14 +4,19 @@ A *live draw* is a run sampled from the task family (:mod:`benchmark.build.famil
 chosen when scoring happens, built on this machine with a **lean** causal reference (the oracle,
 the controls' removal curves, :data:`LIVE_N_RANDOM` random sets per k and the bonus-off replay;
 no exact-replay proof, no provenance row; ``benchmark.causal.reference.reference(lean=True)``).
-The same id gives the same run on one machine; the built release is kept in the cache
+The built release is kept in the cache
 (:func:`live_dir`) and reused while its manifest verifies.
 
 * ``bt-bench live build ID``: build (or find) a draw; ``bt-bench evaluate FILE --live ID``
   scores an estimator on it;
-* ``bt-bench submit`` records the entry's scores on a random draw under ``results["live"]``;
-* ``bt-bench verify`` re-scores the recorded draws and scores every entry on a new draw of its
-  own choosing, failing an entry whose public claim does not survive it (:func:`live_gate`).
+* the season panel's draws are live draws (:mod:`benchmark.submissions.panel`): every entry is
+  ranked on the same ones, drawn after it was frozen;
+* ``bt-bench verify`` scores every entry on one new draw of its own choosing, failing an entry
+  whose public claim does not survive it (:func:`live_gate`).
+
+From family 2.0 a draw is a float64 build: the same id trains the same run on every machine,
+token for token, and its manifest records the trajectory hash that shows it
+(:mod:`benchmark.build.trajectory`).
 
 A live release's manifest is deterministic on one machine: build and reference times are kept
 out of it, in ``live.json`` beside it (not a release file), so a rebuild of the same id has the
@@ -89,19 +94,6 @@ def gate_draw_id(pinned: int | None = None) -> tuple[int, str]:
     if env not in (None, ""):
         return check_draw_id(env), f"${LIVE_DRAW_ENV}"
     return new_draw_id(), "chosen by this run"
-
-
-def run_sha256(manifest: dict) -> str:
-    """The identity of a release's *run*: sha256 of its files' sha256s except the causal files.
-
-    Two builds of one draw id with equal run hashes trained the same model on the same rollouts
-    (their causal references may still differ in the last bits on two CPUs). Hex string.
-    """
-    from benchmark.causal.score import CAUSAL_FILE
-
-    files = {k: v["sha256"] for k, v in sorted(manifest["files"].items())
-             if Path(k).name != CAUSAL_FILE}
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def cached_release(draw_id: int, scale: str = LIVE_SCALE) -> Path | None:
@@ -285,26 +277,19 @@ def live_timings(path: str | Path) -> dict:
 
 
 def draw_record(draw_id: int, results: dict, release_dir: str | Path) -> dict:
-    """What ``results["live"]["draws"]`` keeps of an evaluation on live draw ``draw_id``.
+    """What the gate keeps of an evaluation on live draw ``draw_id``.
 
-    ``{"draw_id", "run_sha256", "release", "suite", "verdict"}``: the release block, the suite
-    (causal scores with intervals and ``vs_random``) and the overall verdict of ``results``, and
-    the run's identity (:func:`run_sha256`), so ``verify`` can tell a rebuild of the same run
-    from a different one (another CPU may train another run from the same id).
+    ``{"draw_id", "trajectory_sha256", "release", "suite", "verdict"}``: the release block, the
+    suite (causal scores with intervals and ``vs_random``), the overall verdict of ``results``,
+    and the run's identity on every machine (:mod:`benchmark.build.trajectory`).
     """
     from benchmark.releases.release import MANIFEST
 
     manifest = json.loads((Path(release_dir) / MANIFEST).read_text())
-    return {"draw_id": int(draw_id), "run_sha256": run_sha256(manifest),
+    fam = manifest.get("build", {}).get("family") or {}
+    return {"draw_id": int(draw_id), "trajectory_sha256": fam.get("trajectory_sha256"),
             "release": results["release"], "suite": results["suite"],
             "verdict": results["verdict"]}
-
-
-def live_block(scale: str, draws: list[dict]) -> dict:
-    """``results["live"]``: ``{"family_version", "scale", "draws": [draw_record, ...]}``."""
-    from benchmark.build.family import FAMILY_VERSION
-
-    return {"family_version": FAMILY_VERSION, "scale": scale, "draws": draws}
 
 
 def score_live(estimator_file: str | Path, draw_id: int, scale: str = LIVE_SCALE,
@@ -394,20 +379,3 @@ def build_command(args) -> int:
               f"{t.get('redraws')} redraw(s)), lean causal reference "
               f"{t.get('reference_seconds')} s")
     return 0
-
-
-def format_live(results: dict) -> str:
-    """One line per recorded live draw: the entry's suite causal score, its margin, verdict."""
-    est = results["estimator"]["name"]
-    rec = results.get("live") or {}
-    lines = []
-    for d in rec.get("draws", []):
-        cs = d["suite"].get("causal_score", {}).get(est)
-        vr = d["suite"].get("vs_random")
-        score = (f"causal score {cs['point']:.3f} [{cs['lo']:.3f}, {cs['hi']:.3f}]" if cs
-                 else "no causal score")
-        margin = (f", minus the random band {vr['point']:+.3f} [{vr['lo']:+.3f}, {vr['hi']:+.3f}]"
-                  if vr else "")
-        lines.append(f"live draw {d['draw_id']} ({rec.get('scale')}, release "
-                     f"{d['release']['id']}): {score}{margin}; verdict {d['verdict']}")
-    return "\n".join(lines)

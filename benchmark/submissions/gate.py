@@ -1,0 +1,108 @@
+"""The fresh-draw gate of ``bt-bench verify``: every entry on one draw nobody chose in advance.
+
+Each verify run scores every entry on one new draw (``--live-draw``, ``$BT_BENCH_LIVE_DRAW``, else
+an id drawn now) and fails an entry whose public claim collapses there
+(:func:`benchmark.live.live_gate`). Attack controls must be caught: verify fails one the gate lets
+through, so the mechanism proves itself on every run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmark.errors import BenchmarkError
+from benchmark.submissions.files import Submission, _is_attack_file
+
+#: attack controls (submission name) and the entry each is built on: on the season panel an
+#: attack must rank no higher than its base (:func:`attack_panel_checks`)
+ATTACK_BASES = {"public-tuned-tracincp": "tracincp", "label-first-tracincp": "tracincp"}
+
+
+def _is_attack_control(sub: Submission) -> bool:
+    """True when ``sub`` is a control whose file is one of :data:`ATTACK_CONTROLS_DIR`'s."""
+    return sub.meta.get("kind") == "control" and _is_attack_file(sub.estimator_file)
+
+
+def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, progress: bool,
+               limits, env, report) -> None:
+    """Score ``sub`` on live draw ``draw_id`` and apply :func:`benchmark.live.live_gate`.
+
+    The outcome goes to ``report.live_check`` (and a fix to ``report.fix`` when it fails).
+    """
+    from benchmark import live
+    from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
+
+    scale = scale or live.LIVE_SCALE
+    cmd = f"bt-bench verify {sub.path} --live-draw {draw_id}" + (
+        f" --live-scale {scale}" if scale != live.LIVE_SCALE else "")
+    check = {"draw_id": int(draw_id), "scale": scale, "reproduce": cmd}
+    est = fresh["estimator"]["name"]
+    try:
+        rec = live.score_live(sub.estimator_file, draw_id, scale, progress, isolation=limits,
+                              env=env)
+    except BenchmarkError as exc:
+        report.live_check = check | {"ok": False,
+                                     "reason": f"{est}: scoring on the live draw failed: {exc}"}
+        return
+    ok, reason = live.live_gate(fresh["suite"], rec["suite"], est, CROSS_MACHINE_TOLERANCE)
+    if _is_attack_control(sub):
+        # an attack control (e.g. the memorizer) exists to be caught: verify fails it when the
+        # live check lets it through, so the mechanism proves itself on every run
+        report.live_check = check | {
+            "ok": not ok, "expected": "fail",
+            "reason": ("attack control, caught as expected: " + reason) if not ok else
+                      ("attack control NOT caught (the live check should fail it): " + reason)}
+        if ok and report.fix is None:
+            report.fix = ("the live check no longer tells this answer key from a method: see "
+                          "docs/evaluation.md (Live draws) before changing benchmark/live.py.")
+        return
+    if sub.meta.get("kind") == "control":
+        # the evaluator's own controls are trusted reference methods, re-scored from
+        # estimators/controls: their live numbers are shown, a weak one at the band's edge on
+        # some draw is not a failed submission
+        report.live_check = check | {"ok": True, "gated": False,
+                                     "reason": "control, shown and not gated: " + reason}
+        return
+    report.live_check = check | {"ok": ok, "reason": reason}
+    if not ok and report.fix is None:
+        report.fix = ("the entry's public score does not carry over to a run it has not seen: "
+                      "run the reproduce command, and make the estimator attribute from the run "
+                      "it is given (public labels or references do not transfer).")
+
+
+
+
+def attack_panel_checks(reports: list, panel) -> None:
+    """Attack controls on the season panel: each must rank no higher than its base method.
+
+    For every report of an attack control named in :data:`ATTACK_BASES` whose base was verified
+    beside it, the attack's panel score must not be significantly above the base's (the paired
+    panel comparison of :func:`benchmark.submissions.panel.panel_pair`). A failure is recorded in
+    the attack's report: public answers bought rank on runs they do not describe.
+    """
+    from benchmark.io import read_json
+    from benchmark.submissions.panel import PANEL_FILE, panel_pair
+
+    by_name = {Path(r.path).name: r for r in reports}
+    for attack, base in ATTACK_BASES.items():
+        ra, rb = by_name.get(attack), by_name.get(base)
+        if ra is None or rb is None or not ra.ok or not rb.ok:
+            continue
+        try:
+            a = read_json(Path(ra.path) / PANEL_FILE)
+            b = read_json(Path(rb.path) / PANEL_FILE)
+            diff = panel_pair(a, b, panel.season)
+        except (BenchmarkError, KeyError, TypeError, ValueError) as exc:
+            ra.error = f"attack control: its panel rank could not be compared with {base}'s ({exc})"
+            continue
+        if diff is None:
+            continue
+        shown = f"{diff['point']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]"
+        if diff["verdict"] == "better":
+            ra.error = (f"attack control ranks above its base {base!r} on the season panel "
+                        f"(panel score difference {shown}): public answers bought rank")
+            ra.fix = ("the panel no longer tells an answer key from its base method: see "
+                      "docs/leaderboard.md (Seasons) before changing the panel or the ranking")
+        else:
+            ra.notes.append(f"attack control on the season panel: not above {base} "
+                            f"({shown}), as expected")
