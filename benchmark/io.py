@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmark.errors import InputFileError
+from benchmark.errors import InputFileError, UnsafeFileError
 
 
 def cache_root() -> Path:
@@ -106,3 +106,89 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
+
+
+def load_plain(path: str | os.PathLike[str], fix: str) -> Any:
+    """``torch.load`` a stored ``.pt`` file without running any code it may hold.
+
+    ``weights_only=True`` admits tensors, numbers, strings, ``None`` and dicts/lists/tuples of
+    them; numpy arrays (bt-bench's replay store and build shards hold some) are admitted too,
+    and every array found must have a bool, integer or float dtype (no object arrays). A pickle
+    that names any other global (a planted payload) is refused before anything of it runs.
+
+    Args:
+        path: the file.
+        fix: what the user should do about a refused file (e.g. "delete it; it is rebuilt").
+
+    Raises:
+        UnsafeFileError: naming the file, what was refused and ``fix``.
+    """
+    import numpy as np
+    import torch
+
+    core = getattr(np, "_core", None) or np.core
+    p = Path(path)
+    try:
+        numeric = [type(np.dtype(c)) for c in "?bBhHiIlLqQefd"]  # never the object dtype
+        with torch.serialization.safe_globals([core.multiarray._reconstruct, np.ndarray,
+                                               np.dtype, *numeric]):
+            obj = torch.load(p, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - whatever a crafted file provokes is refused
+        why = _torch_load_reason(str(exc))
+        raise UnsafeFileError(
+            f"{p}: refused to load ({type(exc).__name__}: {why}); "
+            "bt-bench loads only plain tensors, arrays and containers from stored files, never "
+            f"pickled objects; {fix}") from None
+    stack = [obj]
+    while stack:  # iterative: a deep structure cannot exhaust the stack
+        o = stack.pop()
+        if isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple):
+            stack.extend(o)
+        elif isinstance(o, np.ndarray) and o.dtype.kind not in "biuf":
+            raise UnsafeFileError(f"{p}: holds an array of dtype {o.dtype} (expected bool, "
+                                  f"integer or float); {fix}")
+    return obj
+
+
+def _torch_load_reason(msg: str) -> str:
+    """The line of a ``torch.load`` error that says what was refused (not its advice)."""
+    lines = [ln.strip() for ln in msg.replace("WeightsUnpickler error:", "\n").splitlines()]
+    for ln in lines:
+        if "GLOBAL" in ln or "global" in ln or "Can only build" in ln:
+            return ln[:300]
+    return (lines[0] if lines else "")[:300]
+
+
+def load_npy(path: str | os.PathLike[str], fix: str, dtype: str | None = None,
+             ndim: int | None = None, mmap: bool = False) -> Any:
+    """``np.load`` a stored ``.npy`` file with ``allow_pickle=False``, checking its form.
+
+    Args:
+        path: the file.
+        fix: what the user should do about a refused file.
+        dtype: the expected dtype (e.g. ``"float64"``), or None for any bool/int/float dtype.
+        ndim: the expected number of dimensions, or None for any.
+        mmap: memory-map it read-only instead of reading it.
+
+    Raises:
+        UnsafeFileError: a pickle, an object array, or another dtype/ndim (names file and fix).
+    """
+    import numpy as np
+
+    p = Path(path)
+    try:
+        arr = np.load(p, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except Exception as exc:  # noqa: BLE001 - whatever a crafted file provokes is refused
+        raise UnsafeFileError(f"{p}: refused to load ({type(exc).__name__}: "
+                              f"{str(exc)[:200]}); expected a plain .npy array; {fix}") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf" \
+            or (dtype is not None and arr.dtype != np.dtype(dtype)) \
+            or (ndim is not None and arr.ndim != ndim):
+        dims = f" of {ndim} dimensions" if ndim else ""
+        raise UnsafeFileError(f"{p}: holds {type(arr).__name__} of dtype "
+                              f"{getattr(arr, 'dtype', '?')} and shape "
+                              f"{getattr(arr, 'shape', '?')}; expected "
+                              f"{dtype or 'a numeric'} array{dims}; {fix}")
+    return arr
