@@ -4,37 +4,160 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmark.errors import InputFileError, UnsafeFileError
+from benchmark.errors import CacheRootError, InputFileError, InputLimitError, UnsafeFileError
+
+#: set to 1 to accept a cache folder that another user owns or others may write (knowingly)
+CACHE_INSECURE_ENV = "BT_BENCH_CACHE_INSECURE_OK"
 
 
 def cache_root() -> Path:
-    """The folder for everything bt-bench caches: ``$BT_BENCH_CACHE`` or ``~/.cache/bt-bench``."""
+    """The folder for everything bt-bench caches: ``$BT_BENCH_CACHE`` or ``~/.cache/bt-bench``.
+
+    Created mode 0700 when missing. Whatever sits in it is trusted only as far as it is
+    checked, but a folder that others can write lets them plant entries, so one owned by
+    another user or writable by group or others is refused (like OpenSSH's StrictModes),
+    unless ``$BT_BENCH_CACHE_INSECURE_OK=1`` accepts it knowingly.
+
+    Raises:
+        CacheRootError: the folder is owned by another user, writable by group or others,
+            or not a folder; the message names the path, the problem and the fix.
+    """
     env = os.environ.get("BT_BENCH_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "bt-bench"
+    root = Path(env) if env else Path.home() / ".cache" / "bt-bench"
+    if not root.exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made by another process meanwhile: checked below like any other
+    check_private_dir(root, what="the cache folder", env=CACHE_INSECURE_ENV,
+                      hint="or point $BT_BENCH_CACHE at a folder of your own")
+    return root
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
+def check_private_dir(path: Path, what: str, env: str, hint: str = "") -> None:
+    """Refuse ``path`` unless it is a folder owned by this user that no one else may write.
+
+    Raises:
+        CacheRootError: naming ``path``, its owner or mode, and the fix (``chmod 700``, or
+            ``env=1`` to accept it knowingly).
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise CacheRootError(f"{what} {path} cannot be read ({exc.strerror}); "
+                             f"check the path{', ' + hint if hint else ''}.") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheRootError(f"{what} {path} is not a folder (a symlink or a file); "
+                             f"remove it and rerun{', ' + hint if hint else ''}.")
+    if os.environ.get(env) == "1":
+        return
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"is owned by user id {st.st_uid}, not by this user ({os.geteuid()})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = (f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}), "
+                   "so they could plant entries that bt-bench would load")
+    if problem:
+        fix = (f"chown it to yourself and chmod 700 {path}" if st.st_uid != os.geteuid()
+               else f"chmod 700 {path}")
+        raise CacheRootError(f"{what} {path} {problem}; fix: {fix}"
+                             f"{' (' + hint + ')' if hint else ''}, or set {env}=1 to "
+                             "accept it knowingly.")
+
+
+#: read_json's limits: whole file, nesting depth of arrays/objects, characters of one number
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_CHARS = 100
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_LONG_NUMBER = re.compile(rb"[-+0-9.eE]{%d,}" % (MAX_NUMBER_CHARS + 1))
+
+
+def check_json_limits(data: bytes, where: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Check a JSON text's nesting depth and number lengths before parsing, without recursion.
+
+    A linear scan: the strings are masked out (a regex), the brackets counted with a cumulative
+    sum. Takes well under a second for ``MAX_JSON_BYTES``.
+
+    Raises:
+        InputLimitError: deeper than ``max_depth`` or a number literal longer than
+            :data:`MAX_NUMBER_CHARS` characters (naming ``where``, line and column).
+    """
+    import numpy as np
+
+    arr = np.frombuffer(data, np.uint8).copy()
+    for m in _JSON_STRING.finditer(data):
+        arr[m.start():m.end()] = 0x20
+    opens = (arr == 0x5B) | (arr == 0x7B)
+    closes = (arr == 0x5D) | (arr == 0x7D)
+    depth = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
+    if depth.size and int(depth.max()) > max_depth:
+        pos = int(np.argmax(depth > max_depth))
+        raise InputLimitError(
+            f"{where}:{_line_col(data, pos)}: JSON nested deeper than {max_depth} levels of "
+            "arrays/objects; bt-bench's files are far shallower: this file is not one of them "
+            "(regenerate it with bt-bench).")
+    long = _LONG_NUMBER.search(arr.tobytes())
+    if long:
+        raise InputLimitError(
+            f"{where}:{_line_col(data, long.start())}: a number literal of "
+            f"{long.end() - long.start()} characters (at most {MAX_NUMBER_CHARS}); bt-bench "
+            "writes no such number: regenerate the file with bt-bench.")
+
+
+def _line_col(data: bytes, pos: int) -> str:
+    line = data.count(b"\n", 0, pos) + 1
+    col = pos - (data.rfind(b"\n", 0, pos) + 1) + 1
+    return f"{line}:{col}"
+
+
+def read_json(path: str | os.PathLike[str], max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Read one JSON document. ``-Infinity``/``NaN`` tokens (non-standard) are accepted.
+
+    Safe on untrusted files: at most ``max_bytes`` bytes are read, and the nesting depth and
+    number lengths are checked (:func:`check_json_limits`) before parsing, so a crafted file
+    gives an :class:`InputLimitError` within a second, never a ``RecursionError``.
 
     Raises:
         InputFileError: the file is missing or malformed (the message names file, line, column).
+        InputLimitError: the file exceeds a limit (naming the file, the limit and the fix).
     """
     p = Path(path)
     if not p.is_file():
         raise InputFileError(f"{p}: file not found; check the path (expected a JSON file).")
+    with p.open("rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputLimitError(f"{p}: larger than {max_bytes} bytes, the most bt-bench reads "
+                              "as one JSON file; this is not a file bt-bench wrote "
+                              "(regenerate it).")
     try:
-        with p.open(encoding="utf-8") as fh:
-            return json.load(fh)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{p}: not UTF-8 text (byte {exc.start}); expected a JSON file "
+                             "written by bt-bench: regenerate it.") from None
+    check_json_limits(data, str(p), max_depth)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputFileError(
             f"{p}:{exc.lineno}:{exc.colno}: malformed JSON ({exc.msg}); "
             "the file may be truncated: re-download or regenerate it."
         ) from exc
+    except (ValueError, RecursionError, MemoryError) as exc:  # limits missed something
+        raise InputLimitError(f"{p}: cannot be parsed within bt-bench's limits "
+                              f"({type(exc).__name__}: {str(exc)[:200]}); regenerate the "
+                              "file with bt-bench.") from None
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:

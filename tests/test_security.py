@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from benchmark.errors import UnsafeFileError
+from benchmark.errors import (
+    BenchmarkError,
+    BuildError,
+    CacheRootError,
+    InputLimitError,
+    UnsafeFileError,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,3 +171,127 @@ def test_no_pickle_loading_is_left_in_the_code():
         if "weights_only=False" in src or "allow_pickle=True" in src or "pickle.load" in src:
             bad.append(f"{p.relative_to(ROOT)}: unpickles")
     assert not bad, "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------------------------
+# the cache root
+
+
+def test_cache_root_is_created_private(tmp_path, monkeypatch):
+    from benchmark.io import cache_root
+
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "new" / "cache"))
+    root = cache_root()
+    assert root.is_dir() and (root.stat().st_mode & 0o777) == 0o700
+
+
+def test_cache_root_others_can_write_is_refused(tmp_path, monkeypatch):
+    from benchmark.io import cache_root
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("BT_BENCH_CACHE", str(shared))
+    monkeypatch.delenv("BT_BENCH_CACHE_INSECURE_OK", raising=False)
+    with pytest.raises(CacheRootError, match=rf"cache folder {re.escape(str(shared))} is "
+                                             r"writable by group or others \(mode 0777\).*"
+                                             rf"fix: chmod 700 {re.escape(str(shared))}.*"
+                                             r"BT_BENCH_CACHE_INSECURE_OK=1"):
+        cache_root()
+    shared.chmod(0o1777)  # sticky, like /tmp: others still plant files
+    with pytest.raises(CacheRootError, match=r"mode 1777"):
+        cache_root()
+    monkeypatch.setenv("BT_BENCH_CACHE_INSECURE_OK", "1")
+    assert cache_root() == shared
+
+
+def test_cache_root_of_another_user_is_refused(tmp_path, monkeypatch):
+    from benchmark.io import cache_root
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root (CI runs as root)")
+    os.chown(theirs, 65534, 65534)  # nobody
+    monkeypatch.setenv("BT_BENCH_CACHE", str(theirs))
+    monkeypatch.delenv("BT_BENCH_CACHE_INSECURE_OK", raising=False)
+    with pytest.raises(CacheRootError, match=r"is owned by user id 65534, not by this user.*"
+                                             r"chown it to yourself and chmod 700"):
+        cache_root()
+
+
+def test_cache_root_symlink_is_refused(tmp_path, monkeypatch):
+    from benchmark.io import cache_root
+
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "link"))
+    with pytest.raises(CacheRootError, match=r"is not a folder \(a symlink or a file\)"):
+        cache_root()
+
+
+# ----------------------------------------------------------------------------------------------
+# untrusted JSON: read_json's limits
+
+
+def _timed_refusal(path: Path, match: str) -> None:
+    from benchmark.io import read_json
+
+    t0 = time.perf_counter()
+    with pytest.raises(InputLimitError, match=match):
+        read_json(path)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_read_json_deep_nesting_is_refused_without_recursion(tmp_path):
+    p = tmp_path / "results.json"
+    p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _timed_refusal(p, rf"{re.escape(str(p))}:1:\d+: JSON nested deeper than 64 levels")
+    p.write_text('{"a": "' + "[" * 100_000 + '"}')  # brackets inside a string are text
+    from benchmark.io import read_json
+
+    assert read_json(p) == {"a": "[" * 100_000}
+
+
+def test_read_json_huge_number_is_refused(tmp_path):
+    p = tmp_path / "results.json"
+    p.write_text('{"live": {"draws": [{"draw_id": ' + "7" * 10_000 + "}]}}")
+    _timed_refusal(p, r"results\.json:1:\d+: a number literal of 10000 characters \(at most "
+                      r"100\)")
+
+
+def test_read_json_size_cap(tmp_path):
+    from benchmark.io import read_json
+
+    p = tmp_path / "results.json"
+    p.write_text('{"a": "' + "x" * 2000 + '"}')
+    with pytest.raises(InputLimitError, match=r"larger than 1000 bytes"):
+        read_json(p, max_bytes=1000)
+    p.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(BenchmarkError, match=r"not UTF-8 text"):
+        read_json(p)
+
+
+# ----------------------------------------------------------------------------------------------
+# draw ids
+
+
+@pytest.mark.parametrize("bad", ["²", "٧", "７", " 7", "7 ", "+7", "-1", "0x7", "7.0", "",
+                                 "1" * 10_000, "9" * 21, 2**31, -1, True, False, 7.0, None,
+                                 "2147483648"], ids=lambda v: repr(v)[:14])
+def test_check_draw_id_refuses_all_but_ascii_digits_in_range(bad):
+    from benchmark.live import check_draw_id
+
+    t0 = time.perf_counter()
+    with pytest.raises(BuildError, match=r"live draw id .* is not valid; expected an integer "
+                                         r"in \[0, 2147483648\).*ASCII digits.*--live-draw 7"):
+        check_draw_id(bad)
+    assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize(("good", "value"), [("7", 7), (7, 7), ("0", 0), (np.int64(5), 5),
+                                             ("2147483647", 2**31 - 1), ("007", 7)])
+def test_check_draw_id_accepts_ascii_digits(good, value):
+    from benchmark.live import check_draw_id
+
+    assert check_draw_id(good) == value
