@@ -76,7 +76,10 @@ def check_draw_id(draw_id: object) -> int:
           and draw_id.isascii() and draw_id.isdigit()):
         d = int(draw_id)
     if not 0 <= d < DRAW_ID_RANGE:
-        shown = repr(draw_id) if len(repr(draw_id)) <= 40 else repr(draw_id)[:40] + "..."
+        if isinstance(draw_id, int) and draw_id.bit_length() > 64:
+            shown = f"<an integer of {draw_id.bit_length()} bits>"  # repr() would raise
+        else:
+            shown = repr(draw_id) if len(repr(draw_id)) <= 40 else repr(draw_id)[:40] + "..."
         raise BuildError(f"live draw id {shown} is not valid; expected an integer in "
                          f"[0, {DRAW_ID_RANGE}) written in ASCII digits (no sign, space or "
                          "other script); give one, e.g. --live-draw 7")
