@@ -120,8 +120,12 @@ def test_a_mixed_cluster_is_refused(monkeypatch):
 def _ray_processes(needle: str = "ray") -> list[str]:
     import subprocess
 
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines()[1:] if needle in ln.lower() and "pytest" not in ln]
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True,
+                         text=True).stdout
+    # a zombie (stat Z, "<defunct>") has exited already: only its parent has not reaped it yet
+    rows = [ln.split(None, 2) for ln in out.splitlines()[1:]]
+    return [" ".join(r) for r in rows if len(r) == 3 and not r[1].startswith("Z")
+            and needle in r[2].lower() and "pytest" not in r[2]]
 
 
 def test_private_cluster_ignores_a_planted_cluster_and_leaves_no_process(tmp_path, monkeypatch):
@@ -156,7 +160,8 @@ def test_private_cluster_ignores_a_planted_cluster_and_leaves_no_process(tmp_pat
     import time
 
     deadline = time.monotonic() + 20
-    while _ray_processes(str(folder)) and time.monotonic() < deadline:
+    while (_ray_processes(str(folder)) or len(_ray_processes()) > before) \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _ray_processes(str(folder)), "a Ray process outlived bt-bench"
     assert len(_ray_processes()) <= before

@@ -193,7 +193,8 @@ def test_a_deep_list_in_a_parsed_document_is_refused_without_recursion(base):
 
 
 @pytest.mark.parametrize("text", ['{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
-                                  '{"live": {"draws": [{"draw_id": ' + "7" * 10_000 + "}]}}"])
+                                  '{"live": {"draws": [{"draw_id": ' + "7" * 10_000 + "}]}}"],
+                         ids=["100000-deep", "10000-digit-draw-id"])
 def test_the_issue_crafted_files_give_clear_errors_within_a_second(tmp_path, text):
     p = tmp_path / "results.json"
     p.write_text(text)
