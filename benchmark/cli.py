@@ -271,8 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_executor(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("local", "ray"), default=None,
                    help="where causal replays run: worker processes on this machine (local, "
-                        "default) or a Ray cluster (ray; needs the [cluster] extra; "
-                        "$RAY_ADDRESS names the cluster). Also $BT_BENCH_EXECUTOR")
+                        "default) or a Ray cluster (ray; needs the [cluster] extra). Without "
+                        "$RAY_ADDRESS, ray starts a private local cluster with token "
+                        "authentication and stops it on exit. $RAY_ADDRESS names an existing "
+                        "cluster: it runs bt-bench's code and bt-bench runs what it returns, so "
+                        "it must be one you control; it needs RAY_AUTH_MODE=token (or "
+                        "BT_BENCH_RAY_UNAUTHENTICATED_OK=1, knowingly). See docs/security.md. "
+                        "Also $BT_BENCH_EXECUTOR")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -292,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchmarkError as exc:
         print(f"bt-bench: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if "benchmark.causal.cluster" in sys.modules:  # stop a private Ray cluster now
+            sys.modules["benchmark.causal.cluster"].shutdown()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,3 +21,22 @@ class ReleaseError(BenchmarkError):
 
 class BuildError(BenchmarkError):
     """A build failed, including a failed emergence gate."""
+
+
+class UnsafeFileError(InputFileError):
+    """A stored file holds something bt-bench will not load.
+
+    A pickled object (code), an object array, or a file of the wrong form; the message names
+    the file and the fix.
+    """
+
+
+class InputLimitError(InputFileError):
+    """An untrusted input exceeds a parsing limit (size, nesting depth, number length, count)."""
+
+
+class CacheRootError(BenchmarkError):
+    """The cache folder is owned by another user or writable by others.
+
+    Others could plant entries there that bt-bench would trust.
+    """

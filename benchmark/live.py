@@ -58,22 +58,36 @@ def live_dir(draw_id: int, scale: str = LIVE_SCALE) -> Path:
     return cache_root() / "live" / f"{scale}-draw{check_draw_id(draw_id)}"
 
 
+#: the longest draw id string read (``2**31 - 1`` has 10 digits; leading zeros allowed)
+MAX_DRAW_ID_CHARS = 20
+
+
 def check_draw_id(draw_id: object) -> int:
-    """``draw_id`` (an integer, or a string of digits) as an int in ``[0, 2**31)``.
+    """``draw_id`` (an integer, or a string of ASCII digits) as an int in ``[0, 2**31)``.
+
+    Untrusted input (results.json, ``$BT_BENCH_LIVE_DRAW``): bools, other digit scripts
+    (``'²'``, ``'٧'``, ``'７'``), signs, spaces and strings over :data:`MAX_DRAW_ID_CHARS`
+    characters are refused before any conversion.
 
     Raises:
-        BuildError: naming the bad value.
+        BuildError: naming the bad value, the expected form and an example.
     """
     import numbers
 
     d = -1
     if isinstance(draw_id, numbers.Integral) and not isinstance(draw_id, bool):
         d = int(draw_id)
-    elif isinstance(draw_id, str) and draw_id.strip().isdigit():
-        d = int(draw_id.strip())
+    elif (isinstance(draw_id, str) and 0 < len(draw_id) <= MAX_DRAW_ID_CHARS
+          and draw_id.isascii() and draw_id.isdigit()):
+        d = int(draw_id)
     if not 0 <= d < DRAW_ID_RANGE:
-        raise BuildError(f"live draw id {draw_id!r} is not valid; expected an integer in "
-                         f"[0, {DRAW_ID_RANGE}) (e.g. --live-draw 7)")
+        if isinstance(draw_id, int) and draw_id.bit_length() > 64:
+            shown = f"<an integer of {draw_id.bit_length()} bits>"  # repr() would raise
+        else:
+            shown = repr(draw_id) if len(repr(draw_id)) <= 40 else repr(draw_id)[:40] + "..."
+        raise BuildError(f"live draw id {shown} is not valid; expected an integer in "
+                         f"[0, {DRAW_ID_RANGE}) written in ASCII digits (no sign, space or "
+                         "other script); give one, e.g. --live-draw 7")
     return d
 
 

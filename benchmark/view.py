@@ -73,7 +73,8 @@ class SketchRows:
     the CPU), faster only where numba is missing.
 
     Args:
-        stored: ``(m, d)`` stored values (usually ``np.load(path, mmap_mode="r")``).
+        stored: ``(m, d)`` stored values (usually
+            ``np.load(path, mmap_mode="r", allow_pickle=False)``).
         rows: ``(n_rollouts,)`` int64 stored row of each rollout, ``-1`` for zero rows.
         scale: true value = stored / scale.
         segments: optional ``(n_units + 1,)`` int64 rollout offsets of each unit.

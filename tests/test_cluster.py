@@ -21,6 +21,7 @@ def two_node_cluster():
     cluster.wait_for_nodes()
     mp = pytest.MonkeyPatch()
     mp.setenv("RAY_ADDRESS", cluster.address)
+    mp.setenv("BT_BENCH_RAY_UNAUTHENTICATED_OK", "1")  # this test's own cluster, on this machine
     try:
         yield cluster
     finally:
@@ -110,3 +111,123 @@ def test_a_mixed_cluster_is_refused(monkeypatch):
     with pytest.raises(cluster.ClusterError, match=r"different machines .*k1 on node a+.*CPU "
                                                    r"one.*k2.*run on a cluster of one machine"):
         cluster._check_one_machine([next(fps), next(fps)])
+
+
+# ----------------------------------------------------------------------------------------------
+# a private cluster unless the user names one (issue 35, docs/security.md)
+
+
+def _ray_processes(needle: str = "ray") -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True,
+                         text=True).stdout
+    # a zombie (stat Z, "<defunct>") has exited already: only its parent has not reaped it yet
+    rows = [ln.split(None, 2) for ln in out.splitlines()[1:]]
+    return [" ".join(r) for r in rows if len(r) == 3 and not r[1].startswith("Z")
+            and needle in r[2].lower() and "pytest" not in r[2]]
+
+
+def test_private_cluster_ignores_a_planted_cluster_and_leaves_no_process(tmp_path, monkeypatch):
+    """A ``ray_current_cluster`` file in ``$TMPDIR/ray`` (what another local user plants) is not
+    joined; the cluster bt-bench starts authenticates, lives in a 0700 folder of its own, and no
+    Ray process survives :func:`shutdown`."""
+    from benchmark.causal import cluster
+
+    planted = tmp_path / "ray"
+    planted.mkdir(mode=0o777)
+    (planted / "ray_current_cluster").write_text("203.0.113.9:6379")  # TEST-NET-3: no one
+    for k in ("TMPDIR", "RAY_TMPDIR"):
+        monkeypatch.setenv(k, str(tmp_path))
+    for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    assert not ray.is_initialized()
+    before = len(_ray_processes())
+    try:
+        r = cluster._ray()
+        folder = cluster._LOCAL["folder"]
+        assert (folder.stat().st_mode & 0o777) == 0o700
+        assert ((folder / "auth_token").stat().st_mode & 0o777) == 0o600
+        gcs = r.get_runtime_context().gcs_address
+        assert not gcs.startswith("203.0.113.9"), gcs
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+
+        assert get_authentication_mode() == AuthenticationMode.TOKEN
+        assert r.get(r.remote(lambda: 6 * 7).remote()) == 42
+        assert _ray_processes(str(folder)), "the cluster's processes run from its folder"
+    finally:
+        cluster.shutdown()
+    import time
+
+    deadline = time.monotonic() + 20
+    while (_ray_processes(str(folder)) or len(_ray_processes()) > before) \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes(str(folder)), "a Ray process outlived bt-bench"
+    assert len(_ray_processes()) <= before
+    assert not folder.exists() and "RAY_AUTH_MODE" not in __import__("os").environ
+
+
+def test_a_named_cluster_needs_authentication_or_an_explicit_opt_out(monkeypatch, capsys):
+    from benchmark.causal import cluster
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv(cluster.UNAUTHENTICATED_ENV, raising=False)
+    with pytest.raises(cluster.ClusterError, match=r"RAY_ADDRESS=192\.0\.2\.7:6379 names a "
+                                                   r"Ray cluster, which runs bt-bench's code.*"
+                                                   r"set RAY_AUTH_MODE=token.*"
+                                                   r"BT_BENCH_RAY_UNAUTHENTICATED_OK=1"):
+        cluster._check_named_cluster("192.0.2.7:6379")
+    monkeypatch.setenv(cluster.UNAUTHENTICATED_ENV, "1")
+    cluster._check_named_cluster("192.0.2.7:6379")
+    assert "WARNING: using the Ray cluster at 192.0.2.7:6379 without token" in \
+        capsys.readouterr().err
+    monkeypatch.delenv(cluster.UNAUTHENTICATED_ENV)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    cluster._check_named_cluster("192.0.2.7:6379")
+
+
+def test_an_old_ray_is_refused(monkeypatch):
+    from benchmark.causal import cluster
+
+    monkeypatch.setattr(ray, "__version__", "2.9.3")
+    with pytest.raises(cluster.ClusterError, match=r"Ray 2\.9\.3 is installed; the ray "
+                                                   r"executor needs Ray >= 2\.60"):
+        cluster._ray()
+
+
+def test_what_a_worker_returns_is_checked_before_use(tmp_path):
+    import io
+    import os
+
+    from benchmark.causal import cluster
+    from benchmark.causal.store import ReplayStore
+
+    store = ReplayStore(tmp_path / "rel", "0" * 64, root=tmp_path / "c", machine={"key": "m"})
+
+    def npy(arr, **kw) -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, arr, **kw)
+        return buf.getvalue()
+
+    good = {"files": {"seed0/zorp_abc.npy": npy(np.arange(3.0))}, "batches": [{"jobs": 1}],
+            "seconds": 1.5}
+    assert cluster._check_lane_result(good, store) is good
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'RAN'}",))
+
+    for bad, match in [
+        ("not a dict", r"returned a str that is not \{files, batches, seconds\}"),
+        (good | {"files": {"../../../etc/x.npy": b""}}, r"a file named '\.\./\.\./"),
+        (good | {"files": {"seed0/zorp_abc.npy": "text"}}, r"as str, not bytes"),
+        (good | {"files": {"seed0/zorp_abc.npy": npy(np.arange(3, dtype=np.float32))}},
+         r"does not load as a replay-store entry .*float32"),
+        (good | {"files": {"seed0/zorp_abc.npy": npy(np.array([Payload()]), allow_pickle=True)}},
+         r"Object arrays cannot be loaded"),
+        (good | {"batches": [{"jobs": True}]}, r"a batch without a job count"),
+    ]:
+        with pytest.raises(cluster.ClusterError, match=match):
+            cluster._check_lane_result(bad, store)
+    assert not (tmp_path / "RAN").exists()

@@ -121,9 +121,14 @@ def _resume_hint(out: Path, seeds: list[int]) -> str:
     for s in seeds:
         p = out / ".work" / f"seed{s}" / "grpo" / "resume.pt"
         if p.exists():
-            import torch
+            from benchmark.errors import UnsafeFileError
+            from benchmark.io import load_plain
 
-            steps.append(f"seed {s} from GRPO step {torch.load(p, weights_only=False)['step']}")
+            try:
+                steps.append(f"seed {s} from GRPO step {int(load_plain(p, '')['step'])}")
+            except (UnsafeFileError, TypeError, KeyError, ValueError):
+                steps.append(f"seed {s}: its {p} is refused (delete {p.parent.parent} to "
+                             "start that seed over)")
     where = "; ".join(steps) if steps else "from its last finished stage"
     return f"rerun the same command to resume ({where})"
 

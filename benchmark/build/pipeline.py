@@ -295,7 +295,9 @@ class SeedBuild:
         resume = self._grpo_dir() / "resume.pt"
         start, curve = 0, []
         if resume.exists():
-            st = torch.load(resume, weights_only=False)
+            from benchmark.io import load_plain  # no pickle: a planted resume.pt is refused
+            st = load_plain(resume, f"delete {self.work} and rerun the build (it starts the "
+                                    "seed over)")
             start, curve = int(st["step"]), list(st["curve"])
             model.load_state_dict(st["model"])
             opt.load_state_dict(st["optimizer"])
@@ -374,7 +376,9 @@ class SeedBuild:
         for step in range(cfg.steps):
             by_index, sketches = {}, {}
             for r in range(self.dist.world):
-                sh = torch.load(self._shard(r, step), weights_only=False)
+                from benchmark.io import load_plain  # no pickle: a planted shard is refused
+                sh = load_plain(self._shard(r, step), f"delete {self.work} and rerun the "
+                                                      "build (it starts the seed over)")
                 for row in sh["rows"]:
                     by_index[row["index"]] = row
                 for j, i in enumerate(sh["grad_index"]):
@@ -625,11 +629,11 @@ class SeedBuild:
         roll = pd.read_parquet(self.dir / "rollouts.parquet")
         labels = pd.read_parquet(self.dir / "labels.parquet")
         meta = json.loads((self.dir / "sketch.json").read_text())
-        stored = np.load(self.dir / "sketches.npy", mmap_mode="r")
+        stored = np.load(self.dir / "sketches.npy", mmap_mode="r", allow_pickle=False)
         sk_all = np.asarray(stored, dtype=np.float32) / meta["scale"]
-        fid_rows = np.load(self.work / "fid_rows.npy")
-        fid_grads = np.load(self.work / "fid_grads.npy", mmap_mode="r")
-        grads = np.load(self.work / "step_grads.npy", mmap_mode="r")
+        fid_rows = np.load(self.work / "fid_rows.npy", allow_pickle=False)
+        fid_grads = np.load(self.work / "fid_grads.npy", mmap_mode="r", allow_pickle=False)
+        grads = np.load(self.work / "step_grads.npy", mmap_mode="r", allow_pickle=False)
         steps = roll["step"].to_numpy()
         srow_all = roll["sketch_row"].to_numpy()
         has = srow_all >= 0
@@ -638,8 +642,9 @@ class SeedBuild:
         out = {"sketch_dim": cfg.sketch_dim, "sketch_dtype": cfg.sketch_dtype}
         failed = []
         for b in cfg.behaviors:
-            t_exact = np.load(self.work / f"exact_target_nll_{b.id}.npy").astype(np.float64)
-            with np.load(self.dir / "targets" / f"{b.id}.npz") as z:
+            t_exact = np.load(self.work / f"exact_target_nll_{b.id}.npy",
+                              allow_pickle=False).astype(np.float64)
+            with np.load(self.dir / "targets" / f"{b.id}.npz", allow_pickle=False) as z:
                 t_sk = z[f"nll_step{cfg.steps:04d}"].astype(np.float64)
             # per-rollout dot products, exact vs sketched (rollouts kept at fidelity steps)
             exact_dot = np.asarray(fid_grads, dtype=np.float64) @ t_exact

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from benchmark.io import cache_root
+from benchmark.errors import UnsafeFileError
+from benchmark.io import cache_root, load_npy, load_plain
 
 #: bump when the replay code changes the numbers it produces (invalidates every store)
 REPLAY_VERSION = 3  # 3: the stacked engine (shared prompts, float64 coefficients, joins)
@@ -96,7 +98,15 @@ class ReplayStore:
     and the first step whose sampled responses differ from the release's), ``state_<step>.pt``
     (the baseline's parameters and AdamW moments before that step's update, every
     :data:`STATE_EVERY` steps) and ``<task>_<hash>.npy`` per removal (per-prompt measure).
+
+    The store is a cache another party could have written to: every file is read without
+    pickle (:func:`benchmark.io.load_plain`, :func:`benchmark.io.load_npy`) and checked for its
+    form; :meth:`has` drops an entry that fails (it is then rebuilt), the readers refuse it
+    with :class:`~benchmark.errors.UnsafeFileError`.
     """
+
+    #: what a refused entry's message tells the user
+    FIX = "delete it: bt-bench rebuilds a replay-store entry on the next run"
 
     def __init__(self, release_path: Path, manifest_sha256: str, root: Path | None = None,
                  machine: dict | None = None) -> None:
@@ -117,6 +127,7 @@ class ReplayStore:
         self.root = Path(root) if root is not None else cache_root()
         self.dir = self.root / "replays" / key[:24]
         self.machine = fp
+        self._checked: set[tuple[str, int, int]] = set()  # entries that loaded as they should
 
     def path(self, job: Job) -> Path:
         """Where a job's result lives."""
@@ -128,26 +139,87 @@ class ReplayStore:
         return self.dir / f"seed{seed}" / f"state_{step:04d}.pt"
 
     def has(self, job: Job) -> bool:
-        """Whether the job's result is stored."""
-        return self.path(job).exists()
+        """Whether the job's result is stored and loads as one.
+
+        A bad entry is deleted, with a note on stderr, so that it is rebuilt.
+        """
+        p = self.path(job)
+        if not p.exists():
+            return False
+        st = p.stat()
+        mark = (str(p), st.st_mtime_ns, st.st_size)
+        if mark in self._checked:
+            return True
+        try:
+            self.baseline(job.seed) if job.task is None else self.result(job)
+        except UnsafeFileError as exc:
+            print(f"bt-bench: {exc}; deleted, it is rebuilt", file=sys.stderr)
+            p.unlink(missing_ok=True)
+            return False
+        self._checked.add(mark)
+        return True
 
     def baseline(self, seed: int) -> dict:
-        """``{"measures": {task: (P,) probs}, "stops": {task: step}, "first_divergent_step"}``."""
-        import torch
+        """``{"measures": {task: (P,) probs}, "stops": {task: step}, "first_divergent_step"}``.
 
-        d = torch.load(self.path(baseline_job(seed)), weights_only=False)
+        Raises:
+            UnsafeFileError: the file holds a pickled object or is not of this form.
+        """
+        path = self.path(baseline_job(seed))
+        d = load_plain(path, self.FIX)
+        ok = (isinstance(d, dict) and isinstance(d.get("measures"), dict)
+              and isinstance(d.get("stops"), dict)
+              and all(isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind == "f"
+                      for v in d["measures"].values())
+              and all(isinstance(v, int) for v in d["stops"].values())
+              and isinstance(d.get("first_divergent_step"), int | None))
+        if not ok:
+            raise UnsafeFileError(f"{path}: not a replay baseline (expected measures: "
+                                  "{task: (P,) float array}, stops: {task: int}, "
+                                  f"first_divergent_step: int or None); {self.FIX}")
         return {"measures": d["measures"], "stops": d["stops"],
                 "first_divergent_step": d.get("first_divergent_step")}
 
     def state(self, seed: int, step: int) -> dict:
-        """The baseline's stored state before ``step``'s update."""
+        """The baseline's stored state before ``step``'s update.
+
+        ``{"step", "params", "exp_avg", "exp_avg_sq"}``, each but the step a dict
+        name -> float64 tensor of that parameter's shape.
+
+        Raises:
+            UnsafeFileError: the file holds a pickled object or is not of this form.
+        """
         import torch
 
-        return torch.load(self.state_path(seed, step), weights_only=False)
+        path = self.state_path(seed, step)
+        d = load_plain(path, self.FIX)
+        keys = ("params", "exp_avg", "exp_avg_sq")
+        ok = (isinstance(d, dict) and d.get("step") == step
+              and all(isinstance(d.get(k), dict) and d[k] for k in keys)
+              and all(isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+                      for k in keys for v in d[k].values())
+              and all(d[k].keys() == d["params"].keys()
+                      and all(d[k][n].shape == d["params"][n].shape for n in d["params"])
+                      for k in keys))
+        if not ok:
+            raise UnsafeFileError(f"{path}: not a replay state of step {step} (expected step, "
+                                  "params, exp_avg, exp_avg_sq: {name: tensor} of matching "
+                                  f"shapes); {self.FIX}")
+        return d
+
+    def discard_baseline(self, seed: int) -> None:
+        """Delete a seed's baseline and stored states (a bad one was found: rebuilt next)."""
+        d = self.dir / f"seed{seed}"
+        for p in [self.path(baseline_job(seed)), *d.glob("state_*.pt")]:
+            p.unlink(missing_ok=True)
 
     def result(self, job: Job) -> np.ndarray:
-        """The stored per-prompt probabilities of a removal (or bonus-off) job."""
-        return np.load(self.path(job))
+        """The stored ``(P,)`` float64 per-prompt probabilities of a removal (or bonus-off) job.
+
+        Raises:
+            UnsafeFileError: a pickle, or not a 1-D float64 array.
+        """
+        return load_npy(self.path(job), self.FIX, dtype="float64", ndim=1)
 
 
 def batch_start(release_path: Path, seed: int, jobs: list[Job]) -> int:
@@ -260,7 +332,13 @@ def run_batch_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
         if not members:
             return {"seed": seed, "jobs": 0, "start": start, "slice_steps": 0,
                     "seconds": time.perf_counter() - t0}
-        res = _run(sr, members, (start, store.state(seed, start)), (), {}, None, finished)
+        try:
+            state = store.state(seed, start)
+        except UnsafeFileError as exc:  # a bad stored state: rebuild the seed's baseline
+            print(f"bt-bench: {exc}; deleted, the baseline is rebuilt", file=sys.stderr)
+            store.discard_baseline(seed)
+            return run_batch_jobs(store, seed, jobs, contexts, report)
+        res = _run(sr, members, (start, state), (), {}, None, finished)
     return {"seed": seed, "jobs": len(members), "start": start,
             "slice_steps": res["slice_steps"], "seconds": round(time.perf_counter() - t0, 2)}
 

@@ -140,7 +140,7 @@ class SeedView:
     def targets(self, task: str) -> dict[str, np.ndarray]:
         """Name -> float32 ``(dim,)`` sketched targets of ``task``: ``{kind}_step{SSSS}``."""
         self.behavior(task)
-        with np.load(self.path / "targets" / f"{task}.npz") as z:
+        with np.load(self.path / "targets" / f"{task}.npz", allow_pickle=False) as z:
             return {k: z[k].astype(np.float32) for k in z.files}
 
     def draws(self, task: str) -> list[dict]:
@@ -160,10 +160,11 @@ class SeedView:
             out.append({
                 "id": f"{task}/{stem}", "step": int(step_s[4:]), "draw": int(draw_s[4:]),
                 "table": pd.read_parquet(pq),
-                "sketches": np.load(pq.with_name(stem + "_sketches.npy"), mmap_mode="r"),
+                "sketches": np.load(pq.with_name(stem + "_sketches.npy"), mmap_mode="r",
+                                    allow_pickle=False),
                 "sketch_scale": float(scales.get(f"{task}/{stem}_sketches", 1.0)),
                 "token_sketches": np.load(pq.with_name(stem + "_token_sketches.npy"),
-                                          mmap_mode="r"),
+                                          mmap_mode="r", allow_pickle=False),
                 "token_scale": float(scales.get(f"{task}/{stem}_token_sketches", 1.0)),
             })
         return out
@@ -230,7 +231,8 @@ def _load_seed_view(d: Path, seed: int) -> SeedView:
     ckpts = {int(p.name[4:]): p for p in sorted((d / "checkpoints").glob("step*"))}
     return SeedView(
         seed=seed, path=d, config=config,
-        sketches=np.load(d / "sketches.npy", mmap_mode="r"), sketch_scale=float(meta["scale"]),
+        sketches=np.load(d / "sketches.npy", mmap_mode="r", allow_pickle=False),
+        sketch_scale=float(meta["scale"]),
         sketch_meta=meta, curve=pd.read_parquet(d / "behavior_curve.parquet"), checkpoints=ckpts,
         tokenizer_path=d / "tokenizer",
     )

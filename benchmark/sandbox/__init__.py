@@ -21,7 +21,9 @@ Owns:
 * :mod:`.channel`: the bounded frames that carry scores back;
 * :mod:`.view_io`: the label-free view folder the child reads, and the list of scoring calls;
 * :mod:`.requirements`: a submission's declared requirements, installed into its own environment
-  whose interpreter the sandbox runs.
+  whose interpreter the sandbox runs; :mod:`.pins` (parsing the pins, the core closure and the
+  environment's cache key; nothing installed or run) is its pure part, every public name of it
+  re-exported by :mod:`.requirements`.
 
 May import: :mod:`benchmark.contract`, :mod:`benchmark.view`, :mod:`benchmark.releases` (a
 release's views, never its labels), :mod:`benchmark.io`, :mod:`benchmark.errors`,

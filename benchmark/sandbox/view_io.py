@@ -133,12 +133,12 @@ def load_views(src: Path) -> Views:
         d = src / f"seed{seed}"
         if seed not in per_seed:
             meta = json.loads((d / "meta.json").read_text())
-            stored = np.load(meta["sketches"], mmap_mode="r")
-            roll = {f: np.load(d / "rollout" / f"{f}.npy", mmap_mode="r")
+            stored = np.load(meta["sketches"], mmap_mode="r", allow_pickle=False)
+            roll = {f: np.load(d / "rollout" / f"{f}.npy", mmap_mode="r", allow_pickle=False)
                     for f in _ROLLOUT if (d / "rollout" / f"{f}.npy").exists()}
-            step = {f: np.load(d / "step" / f"{f}.npy", mmap_mode="r")
+            step = {f: np.load(d / "step" / f"{f}.npy", mmap_mode="r", allow_pickle=False)
                     for f in _STEP if (d / "step" / f"{f}.npy").exists()}
-            rows = np.load(d / "rollout" / "sketch_row.npy")
+            rows = np.load(d / "rollout" / "sketch_row.npy", allow_pickle=False)
             text = {}
             if (d / "text.json").exists():
                 tx = json.loads((d / "text.json").read_text())
@@ -166,7 +166,8 @@ def load_views(src: Path) -> Views:
         t = d / task
         tj = json.loads((t / "task.json").read_text())
         behavior = Behavior(**tj["behavior"])
-        targets = {p.stem: np.load(p, mmap_mode="r") for p in sorted((t / "targets").glob("*"))}
+        targets = {p.stem: np.load(p, mmap_mode="r", allow_pickle=False)
+                   for p in sorted((t / "targets").glob("*"))}
         rv = RunView(granularity="rollout", behavior=behavior, sketch_rows=ps["roll_sk"],
                      targets=targets, rollout_unit=np.arange(ps["roll"]["steps"].shape[0]),
                      **ps["roll"], **ps["text"], **ps["common"])
@@ -177,10 +178,12 @@ def load_views(src: Path) -> Views:
             dd = t / "draws" / str(i)
             draws.append(DrawView(
                 draw_id=dm["draw_id"], checkpoint_step=dm["checkpoint_step"],
-                groups=np.load(dd / "groups.npy", mmap_mode="r"),
-                fluency=np.load(dd / "fluency.npy", mmap_mode="r"),
-                sketch_rows=SketchRows(np.load(dm["sketches"], mmap_mode="r"),
-                                       np.load(dd / "sketch_row.npy"), dm["scale"]),
+                groups=np.load(dd / "groups.npy", mmap_mode="r", allow_pickle=False),
+                fluency=np.load(dd / "fluency.npy", mmap_mode="r", allow_pickle=False),
+                sketch_rows=SketchRows(np.load(dm["sketches"], mmap_mode="r",
+                                               allow_pickle=False),
+                                       np.load(dd / "sketch_row.npy", allow_pickle=False),
+                                       dm["scale"]),
                 prompts=_tuple(dm["prompts"]), responses=_tuple(dm["responses"]),
                 prompt_ids=_ids(dm["prompt_ids"]), response_ids=_ids(dm["response_ids"])))
         out[(seed, task)] = (rv, sv, draws)
