@@ -254,8 +254,13 @@ def leaderboard_data(submissions: list[tuple[dict, dict]],
     return assemble_data(board, specs, reference)
 
 
-def assemble_data(board: Board, specs: dict[str, dict], reference: list[dict] | None) -> dict:
-    """``leaderboard.json``'s content: the board, each table's figures, the figures' data hashes."""
+def assemble_data(board: Board, specs: dict[str, dict], reference: list[dict] | None,
+                  season: dict | None = None) -> dict:
+    """``leaderboard.json``'s content.
+
+    The season panel's ranking (``season``: what ranks, or None without a panel), the public
+    release's boards (the development scores), each table's figures, the figures' data hashes.
+    """
     from benchmark.leaderboard.figures import KINDS, figure_path
 
     for rel in board.releases:
@@ -267,6 +272,7 @@ def assemble_data(board: Board, specs: dict[str, dict], reference: list[dict] | 
         "schema_version": LEADERBOARD_SCHEMA_VERSION,
         "generated_by": f"{REGENERATE} (do not edit; regenerate from submissions/)",
         "ranking": RANKING,
+        "season": season,
         "releases": board.releases,
         "reference": None if reference is None else {
             "file": f"submissions/{REFERENCE_DIR}/{REFERENCE_FILE}",

@@ -37,17 +37,43 @@ def _load_inputs(submissions_dir: Path) -> tuple[list[tuple[dict, dict]], list[d
     return [(s.meta, s.results) for s in subs], read_reference(submissions_dir)
 
 
+def _season(submissions_dir: Path, pairs: list[tuple[dict, dict]], board) -> dict | None:
+    """The season block: the panel and every entry's ``panel.json`` (None without a panel)."""
+    from benchmark.io import read_json
+    from benchmark.leaderboard.season import season_board
+    from benchmark.submissions.panel import PANEL_FILE, load_panel
+
+    panel = load_panel(submissions_dir)
+    if panel is None:
+        return None
+    entries, docs = {}, {}
+    for meta, res in pairs:
+        name = meta["name"]
+        entries[name] = {"track": meta["track"], "kind": meta.get("kind", "estimator"),
+                         "estimator_sha256": str(res["estimator"].get("sha256"))}
+        f = submissions_dir / name / PANEL_FILE
+        if f.is_file():
+            docs[name] = read_json(f)
+    return season_board(panel, docs, entries, board.releases)
+
+
 def _generate(submissions_dir: Path) -> Generated:
     from benchmark.io import dumps_json
     from benchmark.leaderboard.board import assemble_data, build_board
     from benchmark.leaderboard.figures import figure_specs
     from benchmark.leaderboard.html_page import render_html
     from benchmark.leaderboard.markdown import render_markdown
+    from benchmark.leaderboard.season import season_figure_data
 
     pairs, reference = _load_inputs(submissions_dir)
     board = build_board(pairs)
+    season = _season(submissions_dir, pairs, board)
     specs = figure_specs(board)
-    data = assemble_data(board, specs, reference)
+    if season is not None:
+        colours = {n: {"colour": e["colour"], "marker": e["marker"]}
+                   for rel in board.releases for n, e in rel["entries"].items()}
+        specs.update(season_figure_data(season, colours))
+    data = assemble_data(board, specs, reference, season)
     return Generated(
         text={"README.md": render_markdown(data), "leaderboard.json": dumps_json(data),
               "index.html": render_html(data)},

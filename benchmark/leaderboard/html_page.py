@@ -197,6 +197,7 @@ def render_html(data: dict) -> str:
            "the ranked rows; click again to reverse.</p>"]
     if not data["releases"]:
         out.append("<p>No submissions yet.</p>")
+    out += _season(data.get("season"))
     for rel in data["releases"]:
         out.append(f"<h2>Release <code>{_e(rel['id'])}</code> (v{_e(rel['version'])}, manifest "
                    f"<code>{_e(rel['manifest_sha256'][:12])}</code>)</h2>")
@@ -230,6 +231,37 @@ def render_html(data: dict) -> str:
     out += _reference(data.get("reference"))
     out += [f"<script>{_JS}</script>", "</body>", "</html>", ""]
     return "\n".join(out)
+
+
+def _season(season: dict | None) -> list[str]:
+    from benchmark.leaderboard.season import SEASON_TEXT, rank_moves_text, season_table
+
+    if season is None:
+        return ["<h2>Season panel</h2>", "<p>No season panel yet: entries are shown on the "
+                "public release only (development scores).</p>"]
+    out = [f"<h2>Season <code>{_e(season['season'])}</code>: the ranking</h2>",
+           f'<p class="note">Panel created {_e(season["created_utc"])}; task family '
+           f"{_e(season['family_version'])} ({_e(season['scale'])} scale); draws "
+           + ", ".join(f"<code>{_e(d['draw_id'])}</code> (trajectory "
+                       f"<code>{_e(d['trajectory_sha256'][:12])}</code>)"
+                       for d in season["draws"])
+           + f". Rotation: {_e(season['rotation'])}. {_md(SEASON_TEXT)}</p>"]
+    for table in season["tracks"]:
+        headers, rows = season_table(season, table)
+        out.append(f"<h4>{_e(table['track'].capitalize())} track</h4>")
+        out.append(f'<div class="scroll"><table class="sortable" id="season-'
+                   f'{_e(table["track"])}"><thead><tr>'
+                   + "".join(f'<th data-type="text" data-first="asc">{_e(h)}</th>'
+                             for h in headers) + '</tr></thead><tbody class="ranked">')
+        for raw, r in zip(table["rows"], rows, strict=True):
+            cls = ' class="control"' if raw["kind"] == "control" else ""
+            out.append(f'<tr data-name="{_e(raw["name"])}"{cls}>'
+                       + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>")
+        out.append("</tbody></table></div>")
+        out.append(f'<p class="note">{_e(rank_moves_text(table))}</p>')
+        out.append(f'<img src="figures/season/{_e(url_path(table["track"]))}.png" '
+                   f'alt="season panel, {_e(table["track"])} track">')
+    return out
 
 
 def _reference(ref: dict | None) -> list[str]:

@@ -118,6 +118,7 @@ def render_markdown(data: dict) -> str:
              "[docs/leaderboard.md](../docs/leaderboard.md) for how it is built.", ""]
     if not data["releases"]:
         lines += ["No submissions yet.", ""]
+    lines += _season(data.get("season"))
     for rel in data["releases"]:
         lines += [f"## Release {md_code(rel['id'])} (v{md_text(rel['version'])}, manifest "
                   f"{md_code(str(rel['manifest_sha256'])[:12])})", "",
@@ -145,6 +146,32 @@ def render_markdown(data: dict) -> str:
             for name, e in sorted(rel["entries"].items())), ""]
     lines += _reference(data.get("reference"))
     return "\n".join(lines)
+
+
+def _season(season: dict | None) -> list[str]:
+    from tabulate import tabulate
+
+    from benchmark.leaderboard.season import SEASON_TEXT, rank_moves_text, season_table
+
+    if season is None:
+        return ["## Season panel", "", "No season panel yet: entries are shown on the public "
+                "release only (development scores). A maintainer draws one with "
+                "`bt-bench panel new`.", ""]
+    lines = [f"## Season {md_code(season['season'])}: the ranking", "",
+             f"Panel created {md_text(season['created_utc'])}; task family "
+             f"{md_text(season['family_version'])} ({md_text(season['scale'])} scale); draws "
+             + ", ".join(f"{md_code(d['draw_id'])} (trajectory "
+                         f"{md_code(d['trajectory_sha256'][:12])})" for d in season["draws"])
+             + f". Rotation: {md_text(season['rotation'])}.", "", md_text(SEASON_TEXT), ""]
+    for table in season["tracks"]:
+        headers, rows = season_table(season, table)
+        lines += [f"**{md_text(table['track'].capitalize())} track**", "",
+                  tabulate([[md_text(c) for c in r] for r in rows], headers=headers,
+                           tablefmt="pipe", disable_numparse=True), "",
+                  md_text(rank_moves_text(table)), "",
+                  f"![season panel, {md_text(table['track'])} track]"
+                  f"(figures/season/{url_path(table['track'])}.png)", ""]
+    return lines
 
 
 def _reference(ref: dict | None) -> list[str]:

@@ -422,8 +422,43 @@ def _plot_submission(data: dict) -> Any:
     return fig
 
 
+# ----------------------------------------------------------------------------------------------
+# the season panel
+
+
+def _plot_season(data: dict) -> Any:
+    """Each entry's panel score (interval) with its public development score beside it."""
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    n = max(len(rows), 1)
+    height = 1.6 + 0.42 * n
+    width = 8.5
+    fig, ax = plt.subplots(figsize=(width, height))
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows, strict=True):
+        p, pub = r["panel"], r.get("public")
+        hollow = r["status"] != "ranked"
+        ax.errorbar([p["point"]], [y], xerr=[[p["point"] - p["lo"]], [p["hi"] - p["point"]]],
+                    fmt=r.get("marker", "o"), color=r.get("colour", _GREY), capsize=3,
+                    markerfacecolor="white" if hollow else r.get("colour", _GREY))
+        if pub and finite(pub.get("point")):
+            ax.plot([pub["point"]], [y], marker="|", markersize=12, color=_GREY)
+    ax.set_yticks(ys, [r["name"] + ("" if r["status"] == "ranked" else " (provisional)")
+                       for r in rows], fontsize=8)
+    ax.axvline(0.0, color=_GREY, linewidth=0.6)
+    ax.set_xlabel("causal score: panel (point, 95% CI over prompts, random sets and draws); "
+                  "grey bar: public tiny (development)", fontsize=8)
+    _style(ax)
+    ax.set_title(f"Season {data['season']}, {data['track']} track: panel score and public "
+                 "score", fontsize=10)
+    fig.subplots_adjust(left=2.4 / width, right=1 - 0.3 / width, top=1 - 0.5 / height,
+                        bottom=0.75 / height)
+    return fig
+
+
 PLOTTERS = {"curves": _plot_curves, "precision": _plot_precision, "draw_auc": _plot_draw_auc,
-            "submission": _plot_submission}
+            "submission": _plot_submission, "season": _plot_season}
 
 
 def render_png(kind: str, data: dict) -> bytes:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmark.errors import BenchmarkError, InputFileError
+from benchmark.results_schema import check_results_document
 from benchmark.sandbox.requirements import RequirementError, parse_requirements
 from benchmark.untrusted import unsafe_characters
 
@@ -262,6 +263,7 @@ def load_submission(path: str | Path) -> Submission:
             f"{p / RESULTS_FILE}: not a bt-bench results file (no 'estimator' key); regenerate "
             "it with bt-bench submit --force."
         )
+    check_results_document(results, str(p / RESULTS_FILE))  # before anything indexes into it
     check_results_text(results, str(p / RESULTS_FILE))
     recorded = results["estimator"].get("track")
     if recorded != meta["track"]:
