@@ -50,6 +50,7 @@ from benchmark.causal.stats import (  # noqa: F401
     ARRAY_UNIT,
     CROSS_MACHINE_TOLERANCE,
     DEFAULT_SETTINGS,
+    RANDOM_REFERENCE,
     TIE_COMPLETIONS,
     CausalDataError,
     CausalSettings,
@@ -57,15 +58,18 @@ from benchmark.causal.stats import (  # noqa: F401
     above_band_gate,
     area,
     beats,
+    bonus_off_interval,
     decode_array,
     encode_array,
     interval,
     is_encoded_array,
     k_weights,
     mean_over_seeds,
+    measurability,
     paired_difference,
     prompt_resample,
     quantize,
+    random_reference,
     replicates,
     settings_of,
     significance,
@@ -88,6 +92,8 @@ FAIR_TIES = "fair: a seeded random order within ties (benchmark.causal.tie_order
 DEFAULT_CONTROLS = ("norm-only", "step-order")
 REFERENCE_ROWS = ("oracle", "provenance")
 STRONGEST = "strongest_control"
+NO_BONUS = ("switching the bonus off changes nothing on this seed (no bonus was paid): there is "
+            "no effect to attribute")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,8 +335,7 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
         return {"window_end": ref.window_end, "gt_size": ref.gt_size, "k_grid": ref.ks,
                 "k_fractions": list(ref.k_fractions), "bonus_off_effect": 0.0, "methods": {},
                 "comparisons": {}, "checks": {}, "verdict": INCONCLUSIVE,
-                "reason": "switching the bonus off changes nothing on this seed (no bonus was "
-                          "paid): there is no effect to attribute"}, {}
+                "reason": NO_BONUS, "measurable": False, "measurable_reason": NO_BONUS}, {}
     all_curves = {**{m: [[r] for r in ref.methods[m]] for m in REFERENCE_ROWS
                      if m in ref.methods}, **curves}
     inputs = reference_inputs(ref)
@@ -359,14 +364,23 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
             methods[name]["prompt_deltas"] = enc
     eff = decode_array(inputs["random_effects"])
     fam = [area(eff[:, i] / e_off, ref.k_fractions) for i in range(eff.shape[1])]
+    rpoint, rsmp = random_reference(inputs, ref.seed, ref.task, settings)
     band = {"lo": float(min(fam)), "hi": float(max(fam)), "mean": float(np.mean(fam)),
             "scores": fam, "n_families": len(fam),
+            "reference": interval(rpoint, rsmp, settings.level) | {
+                "statistic": RANDOM_REFERENCE, "n_sets": len(fam)},
             "curve": [{"k": k, "fractions": [float(x) / e_off for x in eff[i]]}
                       for i, k in enumerate(ref.ks)]}
+    measure = measurability(
+        bonus_off_interval(inputs, ref.seed, ref.task, settings),
+        {m: interval(samples[m][0] - rpoint, samples[m][1] - rsmp, settings.level)
+         for m in REFERENCE_ROWS if m in samples})
     comparisons, checks = {}, {}
     est = samples.get(estimator)
     if est is not None:
-        margin = interval(est[0] - band["hi"], est[1] - band["hi"], settings.level)
+        # item 10's random check: the estimator minus the random reference (the sets' mean),
+        # paired; the key keeps its name ("random_band") for readers of older results
+        margin = interval(est[0] - rpoint, est[1] - rsmp, settings.level)
         comparisons["random_band"] = margin
         checks["random_band"] = beats(margin["lo"], margin["hi"])
         # a control evaluated as the estimator is compared with itself: never a pass
@@ -385,7 +399,10 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
     block = {"window_end": ref.window_end, "gt_size": ref.gt_size, "k_grid": ref.ks,
              "bonus_off_effect": e_off, "methods": methods, "random_band": band,
              "comparisons": comparisons, "checks": checks, "verdict": verdict,
-             "reason": _reason(checks, comparisons), **inputs}
+             "reason": _reason(checks, comparisons),
+             "measurable": measure.pop("measurable"),
+             "measurable_reason": measure.pop("measurable_reason"), "measurability": measure,
+             **inputs}
     return block, samples
 
 
@@ -394,7 +411,7 @@ def _reason(checks: dict, comparisons: dict) -> str:
         return ""
     parts = []
     for name, v in checks.items():
-        what = {"random_band": "the random band",
+        what = {"random_band": "the random reference (mean of the random sets)",
                 STRONGEST: f"the strongest control "
                            f"({comparisons.get(STRONGEST, {}).get('control')})"}.get(name, name)
         parts.append(f"{v} vs {what}")
@@ -525,12 +542,21 @@ def causal_results(release, scores: dict, estimator: str,
                                                      settings.level)
                                for name, x in samples.get(t, {}).items()}
             seeds = [b for b in entry["per_seed"].values() if b["methods"]]
+            refs_ = [random_reference(b, int(s), t, settings)
+                     for s, b in sorted(entry["per_seed"].items(), key=lambda kv: int(kv[0]))
+                     if b["methods"]]
             entry["random_band"] = {
                 "lo": float(np.mean([b["random_band"]["lo"] for b in seeds])),
-                "hi": float(np.mean([b["random_band"]["hi"] for b in seeds]))}
+                "hi": float(np.mean([b["random_band"]["hi"] for b in seeds])),
+                "reference": mean_over_seeds([p for p, _ in refs_], [r for _, r in refs_],
+                                             settings.level)}
         else:
             entry["scores"] = {}
-        entry["verdict"] = combine(b["verdict"] for b in entry["per_seed"].values())
+        # unmeasurable cells are reported, never counted (docs/evaluation.md)
+        entry["verdict"] = combine(b["verdict"] for b in entry["per_seed"].values()
+                                   if b.get("measurable", True))
+        entry["measurable_seeds"] = sorted(int(s) for s, b in entry["per_seed"].items()
+                                           if b.get("measurable", True))
     suite = {}
     common = set.intersection(*(set(x) for x in samples.values())) if samples else set()
     for name in sorted(common):
@@ -538,32 +564,36 @@ def causal_results(release, scores: dict, estimator: str,
         suite[name] = mean_over_seeds([p for p, _ in both], [r for _, r in both],
                                       settings.level)
     out = {"tasks": tasks, "suite": suite, "replay": {"mode": "batched", "threads": 1}}
-    margins = band_margins(tasks, samples, estimator) if estimator in suite else []
+    margins = band_margins(tasks, samples, estimator, settings) if estimator in suite else []
     if margins:
         out["suite_vs_random"] = mean_over_seeds([p for p, _ in margins],
                                                  [r for _, r in margins], settings.level)
     return out, timing
 
 
-def band_margins(tasks: dict, samples: dict, estimator: str) -> list[tuple[float, np.ndarray]]:
-    """The estimator's item-10 margins over the random band's top, per scored (task, seed).
+def band_margins(tasks: dict, samples: dict, estimator: str,
+                 settings: CausalSettings = DEFAULT_SETTINGS) -> list[tuple[float, np.ndarray]]:
+    """The estimator's item-10 margins over the random reference, per scored (task, seed).
 
-    For each (task, seed) with a causal score: ``(point - hi, replicates - hi)`` with ``hi`` the
-    band's upper end there (``comparisons.random_band`` of the block, before its interval). Their
-    mean over tasks and seeds (:func:`mean_over_seeds`) is the suite's paired estimator-minus-band
-    margin, ``suite["vs_random"]``, which the live-draw gate of ``bt-bench verify`` reads.
+    For each (task, seed) with a causal score: ``(point - r, replicates - r_b)`` with ``(r, r_b)``
+    the random reference there (:func:`random_reference` of the block's stored inputs: the mean
+    of the random sets, paired on the prompt resample). Their mean over tasks and seeds
+    (:func:`mean_over_seeds`) is the suite's paired estimator-minus-reference margin,
+    ``suite["vs_random"]``, which the live-draw gate of ``bt-bench verify`` reads. Every scored
+    cell counts here, measurable or not (a mean margin, not a verdict).
 
     Args:
         tasks: ``{task: {"per_seed": {seed: block}}}`` of :func:`causal_results`.
         samples: ``{task: {method: [(point, (B,) replicates), ...]}}`` in the order of the
             blocks with methods (sorted seeds).
         estimator: whose margins.
+        settings: the bootstrap settings the samples were drawn with.
     """
     out = []
     for t, entry in sorted(tasks.items()):
-        blocks = [b for _, b in sorted(entry["per_seed"].items(), key=lambda kv: int(kv[0]))
-                  if b["methods"]]
-        for b, (p, r) in zip(blocks, samples.get(t, {}).get(estimator, []), strict=True):
-            hi = b["random_band"]["hi"]
-            out.append((p - hi, np.asarray(r) - hi))
+        blocks = [(int(s), b) for s, b in sorted(entry["per_seed"].items(),
+                                                  key=lambda kv: int(kv[0])) if b["methods"]]
+        for (s, b), (p, r) in zip(blocks, samples.get(t, {}).get(estimator, []), strict=True):
+            rp, rr = random_reference(b, s, t, settings)
+            out.append((p - rp, np.asarray(r) - rr))
     return out

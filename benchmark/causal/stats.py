@@ -336,3 +336,140 @@ def mean_over_seeds(points: list[float], samples: list[np.ndarray],
     return interval(float(np.mean(points)), np.mean(np.stack(samples), axis=0), level)
 
 
+
+
+# ----------------------------------------------------------------------------------------------
+# the random reference and measurable cells (docs/evaluation.md)
+
+#: the random reference's statistic, recorded beside it in results
+RANDOM_REFERENCE = ("mean of the random removal sets' causal scores; replicates add the sampling "
+                    "error of that mean (a bootstrap over the sets, scaled by sqrt(n/(n-1)))")
+
+
+def _inputs_arrays(inputs: dict, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    off = decode_array(inputs["bonus_off_prompt_delta"]).reshape(-1)
+    eff = decode_array(inputs["random_effects"])
+    w = k_weights(inputs["k_fractions"])
+    if eff.ndim != 2 or eff.shape[0] != w.size or eff.shape[1] < 1:
+        raise CausalDataError(f"{where}: random effects of shape {list(eff.shape)}; expected "
+                              f"({w.size}, n) with n >= 1 random sets per k (a reference with "
+                              "no random sets has no random reference: rebuild it)")
+    return off, eff, w
+
+
+def random_reference(inputs: dict, seed: int, task: str,
+                     settings: CausalSettings = DEFAULT_SETTINGS) -> tuple[float, np.ndarray]:
+    """The random reference of one (seed, task): what removing at random does, and replicates.
+
+    The reference is a population statistic, the **mean** causal score of same-size random
+    removal sets, never the largest of however many were drawn (a maximum rises with the number
+    of sets; the mean does not, only its error shrinks). With ``e[k, i]`` the shipped sets'
+    effects, ``o[j]`` the bonus-off change per prompt and ``w`` the log-k weights:
+
+    * point: ``sum_k w_k mean_i e[k, i] / mean_j o[j]``;
+    * replicate b: ``sum_k w_k (mean_i e[k, i] + delta_bk) / mean_{j in J_b} o[j]``, with
+      ``J_b`` the shared prompt resample (:func:`prompt_resample`: paired with every method)
+      and ``delta_bk`` the sampling error of the mean: the mean of a resample (with
+      replacement) of the n sets minus the mean of all, times ``sqrt(n / (n - 1))`` (so its
+      variance is the unbiased ``s^2 / n``; 0 with one set).
+
+    A method's own replicates already carry one random set's centred effect as its training
+    noise (:func:`replicates`), so ``method - reference`` carries the method's training noise
+    and the error of the reference, and its interval does not widen or move with n beyond the
+    shrinking error of the mean.
+
+    Args:
+        inputs: the stored inputs of the (seed, task) (``k_fractions``,
+            ``bonus_off_prompt_delta``, ``random_effects``; a per-seed causal block has them).
+        seed, task: where (they seed the resamples).
+        settings: bootstrap settings.
+
+    Returns:
+        ``(point, (n_boot,) replicates)``.
+
+    Raises:
+        CausalDataError: no random set, or shapes that do not fit the grid.
+    """
+    off, eff, w = _inputs_arrays(inputs, f"seed {seed} task {task}")
+    n = eff.shape[1]
+    mean = eff.mean(axis=1)  # (K,)
+    point = float(np.dot(w, mean)) / float(off.mean())
+    B = settings.n_boot
+    den = off[prompt_resample(settings.boot_seed, seed, task, B, off.size)].mean(axis=1)
+    num = np.full(B, float(np.dot(w, mean)))
+    if n > 1:
+        scale = math.sqrt(n / (n - 1))
+        for k in range(w.size):
+            idx = _rng(settings.boot_seed, seed, task, "random-reference", k).integers(
+                0, n, (B, n))
+            num += w[k] * (eff[k][idx].mean(axis=1) - mean[k]) * scale
+    return point, num / den
+
+
+def bonus_off_interval(inputs: dict, seed: int, task: str,
+                       settings: CausalSettings = DEFAULT_SETTINGS) -> dict:
+    """The bonus-off effect of one (seed, task) with its interval ``{point, lo, hi}``.
+
+    The change of the behavior probability when the task's bonus is switched off: replicates
+    resample the prompts (:func:`prompt_resample`) and add one random set's centred effect at the
+    largest k as training noise (the replay is one realisation of a chaotic training, as a
+    method's is in :func:`replicates`).
+    """
+    off, eff, _ = _inputs_arrays(inputs, f"seed {seed} task {task}")
+    B = settings.n_boot
+    reps = off[prompt_resample(settings.boot_seed, seed, task, B, off.size)].mean(axis=1)
+    last = eff[-1] - eff[-1].mean()
+    reps = reps + last[_rng(settings.boot_seed, seed, task, "bonus-off-noise").integers(
+        0, last.size, B)]
+    return interval(float(off.mean()), reps, settings.level)
+
+
+def measurability(bonus_off: dict, reference_margins: dict[str, dict],
+                  tol: float = CROSS_MACHINE_TOLERANCE) -> dict:
+    """Whether a (seed, task) cell shows an effect attribution can find (docs/evaluation.md).
+
+    Measurable when both hold:
+
+    1. the bonus-off effect is significant: its interval excludes 0 by more than ``tol``
+       (``hi < -tol`` or ``lo > tol``);
+    2. the stronger reference removal (the oracle's or provenance's, whichever has the higher
+       causal score there) clears the random reference, paired: the interval of
+       ``reference - random reference`` lies above ``tol`` (:func:`beats` passes).
+
+    Elsewhere no estimator can be shown to find the effect (not even the labels do), so the
+    cell is reported and gates nothing.
+
+    Args:
+        bonus_off: :func:`bonus_off_interval`.
+        reference_margins: reference row name -> ``{point, lo, hi}`` of its causal score minus
+            the random reference (paired); the rows present (oracle, provenance).
+        tol: the cross-machine tolerance.
+
+    Returns:
+        ``{"measurable": bool, "measurable_reason": str, "bonus_off": {...}, "reference":
+        name or None, "reference_margin": {...} or None}``.
+    """
+    out = {"bonus_off": dict(bonus_off), "reference": None, "reference_margin": None}
+    significant = bonus_off["hi"] < -tol or bonus_off["lo"] > tol
+    if reference_margins:
+        best = max(reference_margins, key=lambda m: (reference_margins[m]["point"], m))
+        out["reference"], out["reference_margin"] = best, dict(reference_margins[best])
+    if not significant:
+        why = (f"the bonus-off effect {bonus_off['point']:+.3f} [{bonus_off['lo']:+.3f}, "
+               f"{bonus_off['hi']:+.3f}] is not significant (its interval reaches within {tol} "
+               "of 0): there is no effect to attribute")
+        return out | {"measurable": False, "measurable_reason": why}
+    if out["reference"] is None:
+        return out | {"measurable": False, "measurable_reason": "no reference removal (oracle "
+                      "or provenance) in the causal reference: nothing shows the effect can be "
+                      "found"}
+    m = out["reference_margin"]
+    iv = f"{m['point']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
+    if beats(m["lo"], m["hi"], tol) != PASS:
+        return out | {"measurable": False, "measurable_reason": (
+            f"the stronger reference removal ({out['reference']}) does not clear the random "
+            f"reference: its margin {iv} does not lie above {tol}, so even the labels' removal "
+            "is not told apart from removing at random")}
+    return out | {"measurable": True, "measurable_reason": (
+        f"the bonus-off effect is significant ({bonus_off['point']:+.3f}) and the "
+        f"{out['reference']} removal clears the random reference by {iv}")}
