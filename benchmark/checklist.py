@@ -413,19 +413,20 @@ def results_counts(tasks: Mapping[str, Mapping]) -> dict[str, dict]:
 
     Returns ``{str(item): {"key", "pass", "fail", "inconclusive", "not_counted", "measurable",
     "verdict"}}`` for :data:`COUNTED_ITEMS` (``measurable`` = pass + fail + inconclusive;
-    ``verdict`` combines the item's task verdicts). Items without counts (older results) are left
-    out.
+    ``verdict`` combines the item's task verdicts). Items without ``counts`` (results written
+    before measurable cells) are counted from their ``per`` places, every place counted.
     """
     out: dict[str, dict] = {}
     for task in tasks.values():
         for it in task.get("checklist") or []:
-            if it.get("item") not in COUNTED_ITEMS or "counts" not in it:
+            if it.get("item") not in COUNTED_ITEMS or not ("counts" in it or "per" in it):
                 continue
+            counts = it.get("counts") or count_places(it["per"])  # older results: every place
             d = out.setdefault(str(it["item"]), {"key": it["key"], PASS: 0, FAIL: 0,
                                                   INCONCLUSIVE: 0, "not_counted": 0,
                                                   "verdicts": []})
             for k in (PASS, FAIL, INCONCLUSIVE, "not_counted"):
-                d[k] += int(it["counts"].get(k, 0))
+                d[k] += int(counts.get(k, 0))
             d["verdicts"].append(it["verdict"])
     for d in out.values():
         d["measurable"] = d[PASS] + d[FAIL] + d[INCONCLUSIVE]

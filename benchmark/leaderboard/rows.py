@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmark.checklist import live_entry
+from benchmark.checklist import live_entry, results_counts
 from benchmark.contract import FALLBACK_VIEWS  # the views an estimator may fall back in
 from benchmark.leaderboard._common import (
     GATED_KEYS,
@@ -195,7 +195,9 @@ def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
     its interval); ``tasks`` holds each task's causal score and ``task_verdicts`` its verdict.
     ``live`` is the suite causal score on live draws (the mean over draws, with its interval,
     the number of draws and their ids; :func:`benchmark.checklist.pool_draws`) and
-    ``checklist.live`` item 11's verdict; both None without live draws.
+    ``checklist.live`` item 11's verdict; both None without live draws. ``checklist_counts``:
+    per counted item, its places' pass / fail / inconclusive / not-counted counts over the tasks
+    (``results["checklist_counts"]``, or counted from the checklist of older results).
     """
     est = results["estimator"]["name"]
     item = live_item(results)
@@ -208,6 +210,8 @@ def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
                   for t in tasks},
         "task_verdicts": {t: get(results, "tasks", t, "verdict") for t in tasks},
         "checklist": {"live": item["verdict"] if item else None},
+        "checklist_counts": results.get("checklist_counts")
+        or results_counts(results.get("tasks") or {}),
         "verdict": results.get("verdict"),
         "fallbacks": fallbacks(results),
     }
