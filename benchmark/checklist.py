@@ -293,6 +293,27 @@ def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) ->
                 v.reason = f"{v.reason}; {note}" if v.reason else note
 
 
+#: why the label metrics (precision, AUC) of an open-track entry measure nothing
+OPEN_TRACK_LABELS = (
+    "not measurable in the open track: its view (text, task rewards and advantages) determines "
+    "the labels. GRPO's advantage normalises the total reward within a group, bonus included, "
+    "so beside the task reward it gives the bonus (the rollout label) away; precision and AUC "
+    "against those labels measure reading them off, not attribution (the causal score does not "
+    "read labels and stays the measure)")
+
+
+def label_metrics(track: str) -> dict:
+    """Whether an entry's label metrics (precision, AUC) measure attribution in its track.
+
+    ``{"measurable": True}`` in the gradient track; ``{"measurable": False, "reason":
+    OPEN_TRACK_LABELS}`` in the open track (docs/evaluation.md, "Label metrics in the open
+    track").
+    """
+    if track == "open":
+        return {"measurable": False, "reason": OPEN_TRACK_LABELS}
+    return {"measurable": True}
+
+
 #: the items whose places (seeds, draws) are counted in the verdict summary
 COUNTED_ITEMS = (1, 2, 3, 4, 10)
 NOT_COUNTED = "not counted: the (seed, task) cell is not measurable"

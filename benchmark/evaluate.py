@@ -405,7 +405,7 @@ def _results_document(rel, estimator_file: Path, meta: dict, info: dict, env,
             "causal": ct if ct is not None else {"verdict": C.NOT_RUN,
                                                  "reason": causal.get("reason", "")},
             "summary": _summary(per_task[t], est, [m.name for m in methods if m.is_control],
-                                ct, settings),
+                                ct, settings) | {"label_metrics": C.label_metrics(track)},
             "checklist": items, "verdict": verdict,
         }
     return {

@@ -1090,3 +1090,25 @@ if __name__ == "__main__":
         text = json.dumps(trimmed, sort_keys=True, separators=(",", ":"))
         (DATA / Path(arg).name).write_text(text + "\n")
         print(f"wrote {DATA / Path(arg).name}")
+
+
+def test_open_track_label_metrics_are_shown_as_not_measurable():
+    """The open track's view gives the labels away: its precision and AUC cells are
+    marked "(n/m)" with the reason in the tooltip; the gradient track's are plain numbers."""
+    from benchmark.checklist import OPEN_TRACK_LABELS
+    from benchmark.leaderboard.columns import _task_cells
+    from benchmark.leaderboard.rows import task_row
+
+    opened = load_results("text-only")
+    assert opened["estimator"]["track"] == "open"
+    task = next(iter(opened["tasks"]))
+    row = task_row(_meta("text-only", opened), opened, task) | {"rank_label": "1", "rank": 1}
+    assert row["label_metrics"] == {"measurable": False, "reason": OPEN_TRACK_LABELS}
+    cells = _task_cells(row)
+    for key in ("precision", "step_precision", "draw_auc"):
+        assert cells[key].text.endswith("(n/m)") and "gives the bonus" in cells[key].title
+    assert cells["causal_score"].text not in ("n/m", "-")
+    grad = load_results("gas")
+    row = task_row(_meta("gas", grad), grad, task) | {"rank_label": "1", "rank": 1}
+    assert row["label_metrics"] == {"measurable": True}
+    assert "n/m" not in _task_cells(row)["precision"].text

@@ -158,10 +158,22 @@ def _task_cells(r: dict) -> dict[str, Cell]:
     for i, k in GATED_ITEMS:
         cells[f"item{i}"] = _verdict_cell(r["checklist"].get(k), short=True)
     cells["verdict"] = _verdict_cell(r["verdict"], short=False)
+    lm = r.get("label_metrics") or {}
+    if lm.get("measurable") is False:  # the open track's view gives the labels away
+        for key in LABEL_METRIC_CELLS:
+            c = cells[key]
+            cells[key] = Cell(f"{c.text} {NOT_MEASURABLE_MARK}", c.ci, c.sort, c.css,
+                              f"{c.text} {c.ci}".strip() + ": " + str(lm.get("reason", "")))
     for view in r.get("fallbacks", []):
         for key in FALLBACK_CELLS[view]:
             cells[key] = _fallback(cells[key], view)
     return cells
+
+
+#: the per-task cells that measure agreement with the labels (precision, AUC)
+LABEL_METRIC_CELLS = ("precision", "step_precision", "draw_auc")
+#: appended to a label metric that measures nothing in its track (the open track)
+NOT_MEASURABLE_MARK = "(n/m)"
 
 
 def task_table(release: dict, task: dict, table: dict) -> Table:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmark.checklist import live_entry, results_counts
+from benchmark.checklist import label_metrics, live_entry, results_counts
 from benchmark.contract import FALLBACK_VIEWS  # the views an estimator may fall back in
 from benchmark.leaderboard._common import (
     GATED_KEYS,
@@ -138,7 +138,9 @@ def task_row(meta: dict, results: dict, task: str) -> dict:
     (group label, rollout granularity) with its interval (``summary.precision_window_group``),
     its mean chance and lift, the mean step-level window precision and ceiling, the other-task
     share of the top-|GT| rollouts (``summary.specificity_mean``), the mean residualized draw
-    AUC, the gated checklist verdicts and the task's verdict; ``fallbacks`` as declared.
+    AUC, the gated checklist verdicts and the task's verdict; ``fallbacks`` as declared;
+    ``label_metrics``: whether precision and AUC measure attribution in the entry's track
+    (:func:`benchmark.checklist.label_metrics`: not in the open track).
     """
     est = results["estimator"]["name"]
     t = results["tasks"][task]
@@ -163,6 +165,9 @@ def task_row(meta: dict, results: dict, task: str) -> dict:
         "checklist": {k: verdicts.get(k) for k in GATED_KEYS},
         "verdict": t.get("verdict"),
         "fallbacks": fallbacks(results),
+        # older results have no summary.label_metrics: the track decides it the same way
+        "label_metrics": sm.get("label_metrics")
+        or label_metrics(str(get(results, "estimator", "track"))),
     }
 
 
