@@ -41,15 +41,15 @@ ITEMS: dict[int, tuple[str, str]] = {
     1: ("magnitude", "beats norm-only and advantage-only (paired interval excludes 0)"),
     2: ("fluency", "beats raw fluency AUC; residualized AUC lower bound > 0.5"),
     3: ("headroom", "precision above chance, reported as lift and fraction of headroom; never a "
-                    "pass where the causal score is at or below the random band"),
+                    "pass where the causal score is at or below the random reference"),
     4: ("timing", "beats the step-order control inside the learning window; never a pass where "
-                  "the causal score is at or below the random band"),
+                  "the causal score is at or below the random reference"),
     5: ("seeds", "all seeds scored; items 1-4 pass on every seed"),
     6: ("draws", ">= 2 independent draws per seed; item 2 passes on every draw"),
     7: ("precision_of_estimate", "the estimator's own intervals are <= 0.15 wide"),
     8: ("ties", "step-granular scores use tie-aware precision (tie-break range reported)"),
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
-    10: ("causal", "causal score above the random band, norm-only's, step-order's and the "
+    10: ("causal", "causal score above the random reference, norm-only's, step-order's and the "
                    "strongest control's (paired)"),
     11: ("live", "the live score (runs drawn fresh from the task family) is not significantly "
                  "below the public one"),
@@ -265,7 +265,8 @@ def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) ->
     """Cap the precision items (3, 4) of each seed by that seed's causal score, in place.
 
     A precision item cannot pass where the estimator's causal score is at or below the random
-    band (``benchmark.causal.score.above_band_gate`` on the seed's margin over the band's top): the
+    reference (``benchmark.causal.score.above_band_gate`` on the seed's paired margin over the
+    random reference, the mean of the random sets; the key keeps its old name): the
     labels then credit rollouts whose removal does not move the behavior. The gate's verdict
     caps the item's (fail < inconclusive < pass); the margin and the gate are recorded under
     ``numbers["causal_gate"]``. Seeds without a causal score (not run, no bonus paid) are not
@@ -287,9 +288,9 @@ def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) ->
             v.numbers["causal_gate"] = {"score_minus_band_top": dict(margin), "verdict": gate}
             if v.verdict in order and order[gate] < order[v.verdict]:
                 v.verdict = gate
-                note = ("the causal score is at or below the random band" if gate == FAIL else
-                        "the causal score is within the cross-machine tolerance of the random "
-                        "band's top")
+                note = ("the causal score is at or below the random reference" if gate == FAIL
+                        else "the causal score is within the cross-machine tolerance of the "
+                        "random reference")
                 v.reason = f"{v.reason}; {note}" if v.reason else note
 
 

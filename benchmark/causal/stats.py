@@ -169,12 +169,13 @@ def beats(lo: float, hi: float, tol: float = CROSS_MACHINE_TOLERANCE,
 
 
 def above_band_gate(margin: dict, tol: float = CROSS_MACHINE_TOLERANCE) -> str:
-    """Whether a causal score is above the random band, for the precision items (3, 4).
+    """Whether a causal score is above the random reference, for the precision items (3, 4).
 
-    ``margin`` is the interval of (causal score - the band's top) on one seed. The score is **at
-    or below the band** when the margin's upper end is below ``-tol`` (fail: precision items
-    cannot pass), too close to call when it is within ``tol`` of 0 (inconclusive: a precision
-    pass becomes inconclusive), and not capped (pass) otherwise.
+    ``margin`` is the paired interval of (causal score - the random reference, the mean of the
+    random sets: :func:`random_reference`) on one seed. The score is **at or below it** when
+    the margin's upper end is below ``-tol`` (fail: precision items cannot pass), too close to
+    call when it is within ``tol`` of 0 (inconclusive: a precision pass becomes
+    inconclusive), and not capped (pass) otherwise.
     """
     hi = margin.get("hi") if isinstance(margin, dict) else None
     if hi is None or not math.isfinite(hi):
