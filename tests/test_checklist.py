@@ -165,7 +165,7 @@ def test_precision_items_cannot_pass_at_or_below_the_random_band():
         assert per["1"]["numbers"]["causal_gate"] == {
             "score_minus_band_top": causal["per_seed"]["1"]["comparisons"]["random_band"],
             "verdict": C.FAIL}
-        assert "at or below the random band" in per["1"]["reason"]
+        assert "at or below the random reference" in per["1"]["reason"]
         assert got[key]["verdict"] == C.FAIL
     assert got["seeds"]["verdict"] == C.FAIL and verdict == C.FAIL
     # the gate only caps: a failed precision item stays failed, a seed without a causal score
