@@ -41,15 +41,15 @@ ITEMS: dict[int, tuple[str, str]] = {
     1: ("magnitude", "beats norm-only and advantage-only (paired interval excludes 0)"),
     2: ("fluency", "beats raw fluency AUC; residualized AUC lower bound > 0.5"),
     3: ("headroom", "precision above chance, reported as lift and fraction of headroom; never a "
-                    "pass where the causal score is at or below the random band"),
+                    "pass where the causal score is at or below the random reference"),
     4: ("timing", "beats the step-order control inside the learning window; never a pass where "
-                  "the causal score is at or below the random band"),
+                  "the causal score is at or below the random reference"),
     5: ("seeds", "all seeds scored; items 1-4 pass on every seed"),
     6: ("draws", ">= 2 independent draws per seed; item 2 passes on every draw"),
     7: ("precision_of_estimate", "the estimator's own intervals are <= 0.15 wide"),
     8: ("ties", "step-granular scores use tie-aware precision (tie-break range reported)"),
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
-    10: ("causal", "causal score above the random band, norm-only's, step-order's and the "
+    10: ("causal", "causal score above the random reference, norm-only's, step-order's and the "
                    "strongest control's (paired)"),
     11: ("live", "the live score (runs drawn fresh from the task family) is not significantly "
                  "below the public one"),
@@ -265,7 +265,8 @@ def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) ->
     """Cap the precision items (3, 4) of each seed by that seed's causal score, in place.
 
     A precision item cannot pass where the estimator's causal score is at or below the random
-    band (``benchmark.causal.score.above_band_gate`` on the seed's margin over the band's top): the
+    reference (``benchmark.causal.score.above_band_gate`` on the seed's paired margin over the
+    random reference, the mean of the random sets; the key keeps its old name): the
     labels then credit rollouts whose removal does not move the behavior. The gate's verdict
     caps the item's (fail < inconclusive < pass); the margin and the gate are recorded under
     ``numbers["causal_gate"]``. Seeds without a causal score (not run, no bonus paid) are not
@@ -287,10 +288,53 @@ def causal_gate(verdicts: dict[int, dict[str, Verdict]], causal: dict | None) ->
             v.numbers["causal_gate"] = {"score_minus_band_top": dict(margin), "verdict": gate}
             if v.verdict in order and order[gate] < order[v.verdict]:
                 v.verdict = gate
-                note = ("the causal score is at or below the random band" if gate == FAIL else
-                        "the causal score is within the cross-machine tolerance of the random "
-                        "band's top")
+                note = ("the causal score is at or below the random reference" if gate == FAIL
+                        else "the causal score is within the cross-machine tolerance of the "
+                        "random reference")
                 v.reason = f"{v.reason}; {note}" if v.reason else note
+
+
+#: why the label metrics (precision, AUC) of an open-track entry measure nothing
+OPEN_TRACK_LABELS = (
+    "not measurable in the open track: its view (text, task rewards and advantages) determines "
+    "the labels. GRPO's advantage normalises the total reward within a group, bonus included, "
+    "so beside the task reward it gives the bonus (the rollout label) away; precision and AUC "
+    "against those labels measure reading them off, not attribution (the causal score does not "
+    "read labels and stays the measure)")
+
+
+def label_metrics(track: str) -> dict:
+    """Whether an entry's label metrics (precision, AUC) measure attribution in its track.
+
+    ``{"measurable": True}`` in the gradient track; ``{"measurable": False, "reason":
+    OPEN_TRACK_LABELS}`` in the open track (docs/evaluation.md, "Label metrics in the open
+    track").
+    """
+    if track == "open":
+        return {"measurable": False, "reason": OPEN_TRACK_LABELS}
+    return {"measurable": True}
+
+
+#: the items whose places (seeds, draws) are counted in the verdict summary
+COUNTED_ITEMS = (1, 2, 3, 4, 10)
+NOT_COUNTED = "not counted: the (seed, task) cell is not measurable"
+
+
+def unmeasurable_seeds(causal: dict | None) -> dict[str, str]:
+    """Seed -> reason, for the (seed, task) cells the causal reference marks unmeasurable.
+
+    A cell is measurable where the bonus-off effect is significant and a reference removal
+    (oracle or provenance) clears the random reference (``benchmark.causal.stats.measurability``;
+    docs/evaluation.md). Blocks without the mark (older results, no causal score) count as
+    measurable.
+    """
+    per_seed = (causal or {}).get("per_seed") or {}
+    return {str(s): str(b.get("measurable_reason", "")) for s, b in per_seed.items()
+            if isinstance(b, Mapping) and b.get("measurable") is False}
+
+
+def _place_seed(place: str) -> str:
+    return str(place).split("/", 1)[0]
 
 
 def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
@@ -298,15 +342,29 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
                    causal_reason: str | None = None) -> tuple[list[dict], str]:
     """Aggregate one task's per-place verdicts into the ten items and the task's verdict.
 
-    Rules (docs/evaluation.md): items 1-4 pass only where every seed passes; item 5 needs every
-    seed of the release (>= 3) and items 1-4; item 6 needs >= 2 draws per seed and item 2; item 7
-    needs every interval <= 0.15 wide; item 10 is the causal verdict (combined over seeds). Items 3
-    and 4 are first capped by each seed's causal score (:func:`causal_gate`).
+    Rules (docs/evaluation.md): items 1-4 pass only where every counted seed passes; item 5 needs
+    every seed of the release (>= 3) and items 1-4; item 6 needs >= 2 draws per seed and item 2;
+    item 7 needs every interval <= 0.15 wide; item 10 is the causal verdict (combined over
+    seeds). Items 3 and 4 are first capped by each seed's causal score (:func:`causal_gate`).
+    Places (seeds, draws) of an unmeasurable (seed, task) cell (:func:`unmeasurable_seeds`) are
+    reported with ``counted: false`` and their reason, and decide nothing; each item records its
+    ``counts`` (:func:`count_places`).
     """
     causal_gate(verdicts, causal)
+    skip = unmeasurable_seeds(causal)
+    for i in (1, 2, 3, 4, 7):
+        for place, v in verdicts.get(i, {}).items():
+            if _place_seed(place) in skip:
+                v.numbers = dict(v.numbers) | {"counted": False}
+                note = f"{NOT_COUNTED} ({skip[_place_seed(place)]})"
+                v.reason = f"{v.reason}; {note}" if v.reason else note
+
+    def counted(i: int) -> list[Verdict]:
+        return [v for k, v in verdicts[i].items() if _place_seed(k) not in skip]
+
     agg: dict[int, str] = {}
     for i in (1, 2, 3, 4):
-        agg[i] = combine(v.verdict for v in verdicts[i].values())
+        agg[i] = combine(v.verdict for v in counted(i))
     v5 = combine([agg[1], agg[2], agg[3], agg[4]])
     if len(seeds) < max(3, len(release_seeds)):
         v5 = INCONCLUSIVE if v5 != FAIL else FAIL
@@ -315,12 +373,16 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
     scored = any(v.numbers for v in verdicts[2].values())
     enough = all(n >= 2 for n in draws_per_seed.values())
     agg[6] = agg[2] if (enough and scored) or agg[2] == FAIL else INCONCLUSIVE
-    widths = {k: v.numbers["width"] for k, v in verdicts[7].items()}
+    widths = {k: v.numbers["width"] for k, v in verdicts[7].items() if _place_seed(k) not in skip}
     v7 = precision_of_estimate(widths)
     agg[7] = v7.verdict
     agg[8] = REPORTED
     agg[9] = REPORTED
-    agg[10] = causal["verdict"] if causal else NOT_RUN
+    if causal and skip:  # the causal score's own task verdict counts measurable cells too
+        agg[10] = combine(b["verdict"] for s, b in causal["per_seed"].items()
+                          if str(s) not in skip)
+    else:
+        agg[10] = causal["verdict"] if causal else NOT_RUN
     items = []
     for i in TASK_ITEMS:
         key, title = ITEMS[i]
@@ -328,6 +390,8 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
                  "gated": i in GATED or i == 10}
         if i in (1, 2, 3, 4, 8, 9):
             entry["per"] = {k: v.to_dict() for k, v in verdicts[i].items()}
+            if i in COUNTED_ITEMS:
+                entry["counts"] = count_places(entry["per"])
         elif i == 5:
             entry["numbers"] = {"seeds_scored": seeds, "release_seeds": release_seeds,
                                 "items_1_to_4": {str(j): agg[j] for j in (1, 2, 3, 4)}}
@@ -337,14 +401,88 @@ def task_checklist(verdicts: dict[int, dict[str, Verdict]], seeds: list[int],
         elif i == 7:
             entry["numbers"] = v7.numbers
         elif i == 10:
-            if causal:
+            if causal and causal.get("per_seed"):
                 entry["per"] = {s: {"verdict": b["verdict"], "numbers": {
-                    "checks": b["checks"], "comparisons": b["comparisons"]}}
+                    "checks": b["checks"], "comparisons": b["comparisons"]}
+                    | ({"counted": False} if str(s) in skip else {}),
+                    **({"reason": f"{NOT_COUNTED} ({skip[str(s)]})"} if str(s) in skip else {})}
                     for s, b in causal["per_seed"].items()}
+                entry["counts"] = count_places(entry["per"])
             else:
                 entry["reason"] = causal_reason or ""
         items.append(entry)
     return items, overall(agg)
+
+
+def count_places(per: Mapping[str, Mapping]) -> dict[str, int]:
+    """Counts of one item's places: ``{"pass", "fail", "inconclusive", "not_counted"}``.
+
+    ``per`` is an item's ``per`` map (place -> ``{"verdict", "numbers", ...}``); a place whose
+    numbers say ``counted: false`` (an unmeasurable cell) adds to ``not_counted`` only, and
+    ``reported``/``not_run`` places add to nothing.
+    """
+    out = {PASS: 0, FAIL: 0, INCONCLUSIVE: 0, "not_counted": 0}
+    for v in per.values():
+        if (v.get("numbers") or {}).get("counted") is False:
+            out["not_counted"] += 1
+        elif v.get("verdict") in out:
+            out[v["verdict"]] += 1
+    return out
+
+
+def results_counts(tasks: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Per counted item, its places' counts summed over the tasks of a results file.
+
+    Returns ``{str(item): {"key", "pass", "fail", "inconclusive", "not_counted", "measurable",
+    "verdict"}}`` for :data:`COUNTED_ITEMS` (``measurable`` = pass + fail + inconclusive;
+    ``verdict`` combines the item's task verdicts). Items without ``counts`` (results written
+    before measurable cells) are counted from their ``per`` places, every place counted.
+    """
+    out: dict[str, dict] = {}
+    for task in tasks.values():
+        for it in task.get("checklist") or []:
+            if it.get("item") not in COUNTED_ITEMS or not ("counts" in it or "per" in it):
+                continue
+            counts = it.get("counts") or count_places(it["per"])  # older results: every place
+            d = out.setdefault(str(it["item"]), {"key": it["key"], PASS: 0, FAIL: 0,
+                                                  INCONCLUSIVE: 0, "not_counted": 0,
+                                                  "verdicts": []})
+            for k in (PASS, FAIL, INCONCLUSIVE, "not_counted"):
+                d[k] += int(counts.get(k, 0))
+            d["verdicts"].append(it["verdict"])
+    for d in out.values():
+        d["measurable"] = d[PASS] + d[FAIL] + d[INCONCLUSIVE]
+        d["verdict"] = combine(d.pop("verdicts"))
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def counts_line(item: str, c: Mapping) -> str:
+    """One item's counts in words, e.g. ``item 10 (causal): 10 of 11 measurable places pass``."""
+    line = (f"item {item} ({c['key']}): {c[PASS]} of {c['measurable']} measurable places pass, "
+            f"{c[FAIL]} fail, {c[INCONCLUSIVE]} inconclusive")
+    return line + (f" ({c['not_counted']} not counted)" if c.get("not_counted") else "")
+
+
+def counts_short(counts: Mapping[str, Mapping]) -> str:
+    """All items' counts in a compact cell: ``1: 9/11 2: 20/24 ... 10: 10/11`` (pass/measurable)."""
+    return " ".join(f"{i}: {c[PASS]}/{c['measurable']}" for i, c in counts.items())
+
+
+#: what the strict overall verdict means, per verdict
+VERDICT_MEANING = {
+    PASS: "every gated item passed on every measurable seed and draw of every task",
+    FAIL: "at least one gated item failed on at least one measurable seed or draw (the counts "
+          "say how many of each item's places pass); unmeasurable cells were not counted",
+    INCONCLUSIVE: "nothing counted failed, but at least one gated item could not be decided on "
+                  "some measurable seed or draw (interval too wide, or within the cross-machine "
+                  "tolerance)",
+    NOT_RUN: "the checklist did not run",
+}
+
+
+def verdict_sentence(verdict: str) -> str:
+    """One sentence saying what a strict overall verdict means (the summary prints it)."""
+    return f"{verdict.upper()}: {VERDICT_MEANING.get(verdict, 'no meaning recorded')}."
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np
 from benchmark import checklist as C
 from benchmark import metrics as M
 from benchmark.causal.score import TIE_COMPLETIONS
+from benchmark.cell_metrics import GT_KINDS, NO_GT, diff, seed_task  # noqa: F401
 from benchmark.contract import (
     check_capabilities,
     check_estimator,
@@ -44,11 +44,11 @@ from benchmark.io import atomic_write_text, dumps_json
 from benchmark.releases.data import TaskData, load_seed
 from benchmark.sandbox.isolation import Limits, inspect_isolated, score_isolated
 
-#: 3: causal scores as the log-k area, fair ties, per-prompt curves stored for the leaderboard
+#: 3: causal scores as the log-k area, fair ties, per-prompt curves stored for the leaderboard;
+#: since issue 34 (same schema, new keys only): the random reference (mean of the sets),
+#: ``measurable`` per causal block, per-item ``counts``, ``checklist_counts``
 RESULTS_SCHEMA_VERSION = 3
 DEFAULT_LIMITS = Limits()
-GT_KINDS = ("group", "rollout")
-NO_GT = "no ground-truth rollout in the learning window of this seed"
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,6 @@ class EvalSettings:
     tasks: tuple[str, ...] | None = None
     causal: bool = True
     tie_completions: int = TIE_COMPLETIONS
-
-
-def _sub_seed(*parts: object) -> int:
-    return zlib.crc32("/".join(str(p) for p in parts).encode())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,176 +161,6 @@ def _label_files(rel: object, seeds: list[int]) -> list[Path]:
             else:
                 out.append(p)
     return out
-
-
-# ----------------------------------------------------------------------------------------------
-# metrics of one (seed, task)
-
-
-def _precision_block(scores: np.ndarray, gt: np.ndarray, blocks: np.ndarray,
-                     granular_ceiling: bool) -> dict:
-    point = M.precision_at_k(scores, gt)
-    ch = M.chance(int(gt.sum()), gt.size)
-    ceil = M.precision_ceiling(blocks, gt) if granular_ceiling else 1.0
-    return {"precision": point, "chance": ch, "ceiling": ceil, "lift": M.lift(point, ch),
-            "fraction_of_headroom": M.fraction_of_headroom(point, ch, ceil), "k": int(gt.sum()),
-            "n": int(gt.size)}
-
-
-def _training_metrics(sc: dict, td: TaskData, settings: EvalSettings
-                      ) -> tuple[dict, tuple[float, np.ndarray] | None]:
-    """Precision blocks, window intervals and within-step AUC of one method on one (seed, task).
-
-    Returns the metrics and, for the checklist's paired comparisons, the window precision (group
-    label, rollout granularity) with its cluster-bootstrap resamples (None without ground truth).
-    Intervals are computed at rollout granularity (both labels); step-granular precision is
-    reported with its chance and ceiling.
-    """
-    steps = td.rollout_view.steps
-    out: dict = {}
-    paired = None
-    for gran in ("rollout", "step"):
-        out[gran] = {}
-        for kind in GT_KINDS:
-            gt = td.gt[kind]
-            block = {}
-            for pop, mask in (("all", np.ones_like(gt)), ("window", td.window)):
-                if not gt[mask].any():
-                    continue
-                block[pop] = _precision_block(sc[gran][mask], gt[mask], steps[mask],
-                                              granular_ceiling=gran == "step")
-            if "window" in block and gran == "rollout":
-                samples = M.precision_resamples(
-                    sc[gran][td.window], gt[td.window], steps[td.window],
-                    n_boot=settings.n_boot_precision,
-                    seed=_sub_seed(settings.boot_seed, td.seed, td.task, "precision", kind))
-                point = block["window"]["precision"]
-                iv = M.percentile_interval(point, samples, level=settings.level)
-                block["window"]["interval"] = [iv.lo, iv.hi]
-                if kind == "group":
-                    paired = (point, samples)
-            out[gran][kind] = block
-    # within-step AUC of the rollout label (bonus vs not, same step = same model state)
-    auc, pairs = M.within_group_auc(sc["rollout"][td.window], td.gt["rollout"][td.window],
-                                    steps[td.window])
-    out["within_step_auc"] = {"auc": auc, "pairs": pairs}
-    return out, paired
-
-
-def _specificity(scores: np.ndarray, td: TaskData) -> dict:
-    """Share of the top-|GT| rollouts that belong to another task's ground truth, beside chance.
-
-    Tie-aware (the expected share under random tie-breaking), over all rollouts; ``k`` is this
-    task's group-label count. Low is good: the method finds *this* behavior's rollouts.
-    """
-    k = int(td.gt["group"].sum())
-    out = {}
-    for other, gt in td.other_gt.items():
-        if k == 0 or not gt.any():
-            out[other] = {"share": None, "chance": None, "k": k}
-            continue
-        share = M.precision_at_k(scores, gt, k)
-        ch = M.chance(int(gt.sum()), gt.size)
-        out[other] = {"share": share, "chance": ch, "ratio_to_chance": share / ch, "k": k}
-    return out
-
-
-def _draw_metrics(sc: dict, td: TaskData, settings: EvalSettings) -> dict:
-    out = {}
-    for d in td.draws:
-        if d.draw_id not in sc["draws"]:
-            continue
-        y = td.draw_labels[d.draw_id]
-        s = sc["draws"][d.draw_id]
-        bs = _sub_seed(settings.boot_seed, td.seed, d.draw_id)
-        raw = M.auc_bootstrap(s, y, d.groups, n_boot=settings.n_boot_auc, level=settings.level,
-                              seed=bs)
-        res = M.auc_bootstrap(s, y, d.groups, covariate=d.fluency, n_boot=settings.n_boot_auc,
-                              level=settings.level, seed=bs)
-        out[d.draw_id] = {"raw": raw.to_dict(), "residualized": res.to_dict()}
-    return out
-
-
-def _diff(a: tuple[float, np.ndarray], b: tuple[float, np.ndarray],
-          settings: EvalSettings) -> dict:
-    iv = M.percentile_interval(a[0] - b[0], a[1] - b[1], level=settings.level)
-    return {"point": iv.point, "lo": iv.lo, "hi": iv.hi}
-
-
-def _paired_auc(a: np.ndarray, b: np.ndarray, draw, y: np.ndarray, residualized: bool,
-                settings: EvalSettings, seed: int) -> dict:
-    iv = M.auc_difference_bootstrap(
-        a, b, y, draw.groups, covariate=draw.fluency if residualized else None,
-        n_boot=settings.n_boot_auc, level=settings.level,
-        seed=_sub_seed(settings.boot_seed, seed, draw.draw_id))
-    return {"point": iv.point, "lo": iv.lo, "hi": iv.hi}
-
-
-def _token_level(td: TaskData, settings: EvalSettings) -> dict:
-    from estimators.base import cosine
-
-    out = {}
-    view = td.rollout_view
-    for d in td.draws:
-        tok = td.token_sketches[d.draw_id]
-        if tok.n == 0:
-            out[d.draw_id] = {"n": 0}
-            continue
-        entry = {"n": int(tok.n)}
-        dense = tok.dense()
-        for kind in ("in_context", "nll"):
-            cos = cosine(dense, view.target(kind, d.checkpoint_step))
-            iv = M.mean_bootstrap(cos, n_boot=settings.n_boot_auc, level=settings.level,
-                                  seed=_sub_seed(settings.boot_seed, td.seed, d.draw_id, kind))
-            entry[f"vs_{kind}"] = {"mean": iv.point, "lo": iv.lo, "hi": iv.hi}
-        out[d.draw_id] = entry
-    return out
-
-
-def _seed_task(td: TaskData, scores: dict[str, dict], est: str, methods: list[Method],
-               settings: EvalSettings) -> tuple[dict, dict, dict]:
-    """Every metric of one (seed, task), its checklist verdicts and its paired precision.
-
-    Returns ``(block, verdicts, pooled)``: the per-seed results block, item -> {place: Verdict},
-    and name -> (window precision, resamples) for the cross-seed summary (empty without GT).
-    """
-    seed = td.seed
-    metrics_by = {m.name: _training_metrics(scores[m.name], td, settings) for m in methods}
-    training = {name: t for name, (t, _) in metrics_by.items()}
-    specificity = {m.name: _specificity(scores[m.name]["rollout"], td) for m in methods}
-    draws = {m.name: _draw_metrics(scores[m.name], td, settings) for m in methods}
-    token = _token_level(td, settings)
-    es = scores[est]
-    controls = [m for m in methods if m.is_control]
-    has_gt = bool(td.gt["group"][td.window].any())
-    comparisons: dict = {"precision": {}, "draws": {}}
-    pooled = {}
-    if has_gt:
-        pooled = {name: paired for name, (_, paired) in metrics_by.items()}
-        comparisons["precision"] = {c.name: _diff(pooled[est], pooled[c.name], settings)
-                                    for c in controls}
-    for d in td.draws:
-        if d.draw_id not in es["draws"]:
-            continue
-        y = td.draw_labels[d.draw_id]
-        comparisons["draws"][d.draw_id] = {
-            c.name: {"residualized": _paired_auc(es["draws"][d.draw_id],
-                                                 scores[c.name]["draws"][d.draw_id], d, y,
-                                                 True, settings, seed),
-                     "raw": _paired_auc(es["draws"][d.draw_id],
-                                        scores[c.name]["draws"][d.draw_id], d, y, False,
-                                        settings, seed)}
-            for c in controls if d.draw_id in scores[c.name]["draws"]}
-    v = C.seed_verdicts(td, est, training, draws, comparisons, has_gt,
-                        "draws" in next(m.tasks for m in methods if m.name == est))
-    if has_gt:
-        w, gt = td.window, td.gt["group"][td.window]
-        for gran in ("step", "rollout"):
-            v[8][str(seed)].numbers[f"{gran}_level"]["tie_break_range"] = list(
-                M.precision_tie_range(es[gran][w], gt))
-    block = {"training": training, "specificity": specificity, "draws": draws,
-             "token_level": token, "comparisons": comparisons}
-    return block, v, pooled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -548,7 +374,7 @@ def _metrics_and_checklist(datas: dict, est_raw: dict, est: str, methods: list[M
             if est not in scores:
                 scores[est] = _expand(est_raw[(s, t)], td)
             clock.lap("score controls")
-            block, verdicts, pooled = _seed_task(td, scores, est, methods, settings)
+            block, verdicts, pooled = seed_task(td, scores, est, methods, settings)
             clock.lap("metrics and checklist")
             per_task[t]["seeds"][str(s)] = block
             for i, v in verdicts.items():
@@ -579,7 +405,7 @@ def _results_document(rel, estimator_file: Path, meta: dict, info: dict, env,
             "causal": ct if ct is not None else {"verdict": C.NOT_RUN,
                                                  "reason": causal.get("reason", "")},
             "summary": _summary(per_task[t], est, [m.name for m in methods if m.is_control],
-                                ct, settings),
+                                ct, settings) | {"label_metrics": C.label_metrics(track)},
             "checklist": items, "verdict": verdict,
         }
     return {
@@ -601,6 +427,7 @@ def _results_document(rel, estimator_file: Path, meta: dict, info: dict, env,
         "tasks": out_tasks,
         "suite": _suite(out_tasks, causal, est),
         "verdict": C.combine(v["verdict"] for v in out_tasks.values()),
+        "checklist_counts": C.results_counts(out_tasks),
     }
 
 
@@ -625,7 +452,7 @@ def _summary(task: dict, est: str, controls: list[str], causal: dict | None,
             for n, (p, smp) in mean.items()}
         strongest = max(controls, key=lambda c: (mean[c][0], c))
         out["strongest_control"] = strongest
-        out["margin_over_strongest_control"] = _diff(mean[est], mean[strongest], settings)
+        out["margin_over_strongest_control"] = diff(mean[est], mean[strongest], settings)
     spec: dict[str, list[float]] = {}
     aucs: dict[str, list[float]] = {}
     for data in task["seeds"].values():
@@ -781,9 +608,12 @@ def format_summary(results: dict) -> str:
     if "causal_score" in suite and est in suite["causal_score"]:
         lines.append(f"suite (mean over tasks and seeds): causal score "
                      f"{_iv(suite['causal_score'][est])}")
-    lines.append(f"overall verdict for {clean_text(est, 80, multiline=False)}: "
-                 f"{results['verdict'].upper()} (every gated item of every task, on every seed "
-                 "and draw)")
+    counts = results.get("checklist_counts") or C.results_counts(results["tasks"])
+    if counts:
+        lines.append("checklist, places of measurable (seed, task) cells, over every task:")
+        lines += [f"  {C.counts_line(i, c)}" for i, c in counts.items()]
+    lines.append(f"overall verdict for {clean_text(est, 80, multiline=False)} (strict: every "
+                 f"gated item on every measurable cell): {C.verdict_sentence(results['verdict'])}")
     return "\n".join(lines)
 
 

@@ -165,7 +165,7 @@ def test_precision_items_cannot_pass_at_or_below_the_random_band():
         assert per["1"]["numbers"]["causal_gate"] == {
             "score_minus_band_top": causal["per_seed"]["1"]["comparisons"]["random_band"],
             "verdict": C.FAIL}
-        assert "at or below the random band" in per["1"]["reason"]
+        assert "at or below the random reference" in per["1"]["reason"]
         assert got[key]["verdict"] == C.FAIL
     assert got["seeds"]["verdict"] == C.FAIL and verdict == C.FAIL
     # the gate only caps: a failed precision item stays failed, a seed without a causal score
@@ -287,3 +287,54 @@ def test_item_11_counts_only_where_a_live_block_exists():
     honest = _results({"a": C.PASS}, _live("m", _iv(.48, .45, .52)))
     assert C.results_verdict(honest) == C.PASS
     assert C.results_verdict(_results({"a": C.PASS}, [])) == C.INCONCLUSIVE
+
+
+def test_unmeasurable_cells_are_reported_never_counted():
+    """Seed 1 of the task is unmeasurable: its item-4 fail and its item-10 fail decide nothing;
+    the counts say 2 of 2 measurable seeds pass item 4 (1 not counted), and the same for 10."""
+    causal = {"verdict": C.FAIL, "per_seed": {
+        "0": {"verdict": C.PASS, "checks": {}, "comparisons": {}, "measurable": True},
+        "1": {"verdict": C.FAIL, "checks": {}, "comparisons": {}, "measurable": False,
+              "measurable_reason": "the oracle does not clear the random reference"},
+        "2": {"verdict": C.PASS, "checks": {}, "comparisons": {}, "measurable": True}}}
+    places = _places({})
+    places[4]["1"] = _v(C.FAIL)
+    items, verdict = C.task_checklist(places, [0, 1, 2], [0, 1, 2], causal)
+    by = {i["item"]: i for i in items}
+    assert verdict == C.PASS and by[4]["verdict"] == C.PASS and by[10]["verdict"] == C.PASS
+    assert by[4]["counts"] == {"pass": 2, "fail": 0, "inconclusive": 0, "not_counted": 1}
+    assert by[10]["counts"] == {"pass": 2, "fail": 0, "inconclusive": 0, "not_counted": 1}
+    assert by[2]["counts"]["not_counted"] == 2 and by[2]["counts"]["pass"] == 4  # 2 draws/seed
+    assert by[4]["per"]["1"]["numbers"]["counted"] is False
+    assert "oracle does not clear" in by[4]["per"]["1"]["reason"]
+    assert "oracle does not clear" in by[10]["per"]["1"]["reason"]
+    # the same cell measurable: the fail counts and fails the task
+    causal["per_seed"]["1"]["measurable"] = True
+    items, verdict = C.task_checklist(_places({4: C.FAIL}), [0, 1, 2], [0, 1, 2], causal)
+    assert verdict == C.FAIL
+    # every cell unmeasurable: nothing is decided (inconclusive, never pass or fail)
+    for b in causal["per_seed"].values():
+        b["measurable"] = False
+    _, verdict = C.task_checklist(_places({}), [0, 1, 2], [0, 1, 2], causal)
+    assert verdict == C.INCONCLUSIVE
+
+
+def test_results_counts_sum_items_over_tasks_and_say_it_in_words():
+    """Two tasks: item 10 passes 2 of 3 measurable seeds on one and 1 of 2 on the other (one
+    inconclusive, one not counted): 3 of 5 pass over the file."""
+    def task(p, f, i, n):
+        return {"checklist": [{"item": 10, "key": "causal", "verdict": C.FAIL if f else
+                               (C.INCONCLUSIVE if i else C.PASS),
+                               "counts": {"pass": p, "fail": f, "inconclusive": i,
+                                          "not_counted": n}},
+                              {"item": 8, "key": "ties", "verdict": C.REPORTED}]}
+    counts = C.results_counts({"a": task(2, 1, 0, 0), "b": task(1, 0, 1, 1)})
+    assert counts == {"10": {"key": "causal", "pass": 3, "fail": 1, "inconclusive": 1,
+                             "not_counted": 1, "measurable": 5, "verdict": C.FAIL}}
+    assert C.counts_line("10", counts["10"]) == (
+        "item 10 (causal): 3 of 5 measurable places pass, 1 fail, 1 inconclusive "
+        "(1 not counted)")
+    assert C.counts_short(counts) == "10: 3/5"
+    assert C.verdict_sentence(C.FAIL).startswith("FAIL: at least one gated item failed")
+    assert C.count_places({"0": {"verdict": C.REPORTED}}) == {
+        "pass": 0, "fail": 0, "inconclusive": 0, "not_counted": 0}

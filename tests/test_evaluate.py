@@ -68,6 +68,35 @@ def test_results_schema_per_task_with_causal_scores(gas_micro):
     assert "overall verdict for GAS" in text and "causal score" in text and "(oracle)" in text
 
 
+def test_cells_carry_measurability_and_the_summary_counts_them(gas_micro):
+    """Every per-seed causal block says whether its cell is measurable and why; the random
+    reference (the sets' mean) sits beside the band; counts are per item and summed over tasks;
+    the summary prints them and says what the overall verdict means."""
+    from benchmark import checklist as C
+
+    res = gas_micro
+    for t in res["tasks"].values():
+        for block in t["causal"]["per_seed"].values():
+            assert isinstance(block["measurable"], bool) and block["measurable_reason"]
+            if block["methods"]:
+                ref = block["random_band"]["reference"]
+                assert ref["n_sets"] == block["random_band"]["n_families"]
+                assert ref["point"] == pytest.approx(block["random_band"]["mean"], abs=1e-9)
+                assert set(block["measurability"]) == {"bonus_off", "reference",
+                                                       "reference_margin"}
+        items = {c["item"]: c for c in t["checklist"]}
+        for i in C.COUNTED_ITEMS:
+            assert set(items[i]["counts"]) == {"pass", "fail", "inconclusive", "not_counted"}
+        assert t["summary"]["label_metrics"] == {"measurable": True}
+    counts = res["checklist_counts"]
+    assert list(counts) == ["1", "2", "3", "4", "10"]
+    assert counts["10"]["measurable"] + counts["10"]["not_counted"] == 6  # 3 seeds x 2 tasks
+    text = format_summary(res)
+    assert C.counts_line("10", counts["10"]) in text
+    assert C.verdict_sentence(res["verdict"]) in text
+    assert "every gated item of every task, on every seed and draw)" not in text
+
+
 def test_same_inputs_give_byte_identical_results(gas_micro, micro_causal, tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     write_results(gas_micro, a)

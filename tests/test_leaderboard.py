@@ -376,7 +376,10 @@ def test_suite_row_live_score_and_item_11():
 
 def test_live_column_in_markdown_json_and_html(tmp_path):
     root = tmp_path / "submissions"
-    make_submission(root, "gas", add_live(load_results("gas"), (0.41, 0.35, 0.47)))
+    gas = add_live(load_results("gas"), (0.41, 0.35, 0.47))
+    gas["checklist_counts"] = {"10": {"key": "causal", "pass": 9, "fail": 1, "inconclusive": 1,
+                                      "not_counted": 1, "measurable": 11, "verdict": "fail"}}
+    make_submission(root, "gas", gas)
     make_submission(root, "c1-dot", load_results("c1-dot"))  # no live block
     generate(root, tmp_path / "lb")
     md = (tmp_path / "lb" / "README.md").read_text()
@@ -384,11 +387,13 @@ def test_live_column_in_markdown_json_and_html(tmp_path):
                   and "suite causal score" in line)
     cols = [c.strip() for c in header.strip("|").split("|")]
     assert cols[3:5] == ["suite causal score [95% CI]", "live [95% CI] (draws)"]
-    assert cols[-2:] == ["11", "verdict"]
+    assert cols[-3:] == ["11", "checks (pass/measurable)", "verdict"]
     rows = {r[1].split("]")[0].strip("*["): r
             for r in _tables(md)["Suite: mean over tasks and seeds / Gradient track"]}
-    assert rows["gas"][4] == "0.410 [0.350, 0.470] (n=1)" and rows["gas"][-2] == "FAIL"
-    assert rows["c1-dot"][4] == "-" and rows["c1-dot"][-2] == "-"
+    assert rows["gas"][4] == "0.410 [0.350, 0.470] (n=1)" and rows["gas"][-3] == "FAIL"
+    assert rows["c1-dot"][4] == "-" and rows["c1-dot"][-3] == "-"
+    # the checks column: per item, pass / measurable places; its tooltip says it in words
+    assert rows["gas"][-2] == "10: 9/11" and rows["c1-dot"][-2] == "-"
     assert rows["oracle (group labels)"][4] == ""  # reference rows have no live score
     data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
     srows = {r["name"]: r for r in data["releases"][0]["suite"]["tracks"][0]["rows"]}
@@ -400,6 +405,8 @@ def test_live_column_in_markdown_json_and_html(tmp_path):
     table = html.split('id="suite-tiny-gradient"')[1].split("</table>")[0]
     row = table.split('<tr data-name="gas">')[1].split("</tr>")[0]
     assert 'title="live draws: 101"' in row and "(n=1)</span>" in row
+    assert "item 10 (causal): 9 of 11 measurable places pass, 1 fail, 1 inconclusive (1 not " \
+        "counted)" in row
 
 
 def test_fallbacks_default_to_none_and_are_validated():
@@ -1083,3 +1090,25 @@ if __name__ == "__main__":
         text = json.dumps(trimmed, sort_keys=True, separators=(",", ":"))
         (DATA / Path(arg).name).write_text(text + "\n")
         print(f"wrote {DATA / Path(arg).name}")
+
+
+def test_open_track_label_metrics_are_shown_as_not_measurable():
+    """The open track's view gives the labels away: its precision and AUC cells are
+    marked "(n/m)" with the reason in the tooltip; the gradient track's are plain numbers."""
+    from benchmark.checklist import OPEN_TRACK_LABELS
+    from benchmark.leaderboard.columns import _task_cells
+    from benchmark.leaderboard.rows import task_row
+
+    opened = load_results("text-only")
+    assert opened["estimator"]["track"] == "open"
+    task = next(iter(opened["tasks"]))
+    row = task_row(_meta("text-only", opened), opened, task) | {"rank_label": "1", "rank": 1}
+    assert row["label_metrics"] == {"measurable": False, "reason": OPEN_TRACK_LABELS}
+    cells = _task_cells(row)
+    for key in ("precision", "step_precision", "draw_auc"):
+        assert cells[key].text.endswith("(n/m)") and "gives the bonus" in cells[key].title
+    assert cells["causal_score"].text not in ("n/m", "-")
+    grad = load_results("gas")
+    row = task_row(_meta("gas", grad), grad, task) | {"rank_label": "1", "rank": 1}
+    assert row["label_metrics"] == {"measurable": True}
+    assert "n/m" not in _task_cells(row)["precision"].text

@@ -60,20 +60,27 @@ def test_live_gate_table(public, live, ok, says):
         assert f"{public['point']:+.3f}" in reason and f"[{live['lo']:+.3f}," in reason
 
 
-def test_band_margins_pair_the_estimator_with_each_band_top_and_average():
-    """Hand computation: two tasks, task a on seeds 1 and 2 (band tops 0.1, 0.3), task b on seed
-    1 with no bonus effect (no methods: skipped). Margins (point, replicates) minus each top;
-    the suite margin is their mean: point ((0.5-0.1) + (0.2-0.3)) / 2 = 0.15, replicates
-    ([0.4, 0.6] - 0.1 + [0.1, 0.3] - 0.3) / 2 = [0.05, 0.25]."""
-    blk = {"methods": {"e": {}}}
-    tasks = {"a": {"per_seed": {"2": blk | {"random_band": {"hi": 0.3}},
-                                "1": blk | {"random_band": {"hi": 0.1}}}},
+def test_band_margins_pair_the_estimator_with_each_random_reference_and_average():
+    """Hand computation: two tasks, task a on seeds 1 and 2 (random references 0.1, 0.3: one
+    random set each, effect -0.05 and -0.15 against a constant bonus-off change -0.5, so the
+    reference has no spread), task b on seed 1 with no bonus effect (no methods: skipped).
+    Margins (point, replicates) minus each reference; the suite margin is their mean: point
+    ((0.5-0.1) + (0.2-0.3)) / 2 = 0.15, replicates ([0.4, 0.6] - 0.1 + [0.1, 0.3] - 0.3) / 2 =
+    [0.05, 0.25]."""
+    from benchmark.causal.score import CausalSettings, encode_array
+
+    def blk(effect):
+        return {"methods": {"e": {}}, "k_fractions": [1.0],
+                "bonus_off_prompt_delta": encode_array(np.full(4, -0.5)),
+                "random_effects": encode_array(np.array([[effect]]))}
+
+    tasks = {"a": {"per_seed": {"2": blk(-0.15), "1": blk(-0.05)}},
              "b": {"per_seed": {"1": {"methods": {}}}}}
     samples = {"a": {"e": [(0.5, np.array([0.4, 0.6])), (0.2, np.array([0.1, 0.3]))]}}
-    m = band_margins(tasks, samples, "e")
+    m = band_margins(tasks, samples, "e", CausalSettings(n_boot=2))
     assert [p for p, _ in m] == pytest.approx([0.4, -0.1])
-    np.testing.assert_allclose(m[0][1], [0.3, 0.5])
-    np.testing.assert_allclose(m[1][1], [-0.2, 0.0])
+    np.testing.assert_allclose(m[0][1], [0.3, 0.5], atol=1e-12)
+    np.testing.assert_allclose(m[1][1], [-0.2, 0.0], atol=1e-12)
     s = mean_over_seeds([p for p, _ in m], [r for _, r in m], level=0.5)
     assert s["point"] == pytest.approx(0.15)
     # the 25th and 75th percentiles of [0.05, 0.25] (linear interpolation)

@@ -2,8 +2,10 @@
 
 Owns:
 
-* :mod:`.score`: removal sets (tie-aware), the fraction of the bonus-off effect removed, the
-  area over log k, the random band, intervals and the per-task checklist items that read them;
+* :mod:`.stats`: the pure statistics of stored numbers: the log-k weights, the fixed-point
+  encoding, intervals, paired replicates, the random reference and measurable cells;
+* :mod:`.score`: removal sets (tie-aware), the shipped reference, the per-(seed, task) blocks
+  and the item-10 checks that read :mod:`.stats` (it re-exports its names);
 * :mod:`.reference`: the causal reference a release ships (``seed<S>/causal.json``), computed on
   the build machine (``python -m benchmark.causal.reference RELEASE``);
 * :mod:`.store`: the per-machine replay store (jobs, keys, the stored baselines and removals)

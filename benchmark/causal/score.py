@@ -37,16 +37,44 @@ one reuses the shipped numbers.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from benchmark.verdicts import FAIL, INCONCLUSIVE, MAX_WIDTH, NOT_RUN, PASS, combine
+# the statistics live in .stats; their names stay importable from here (public API)
+from benchmark.causal.stats import (  # noqa: F401
+    ARRAY_ENCODING,
+    ARRAY_UNIT,
+    CROSS_MACHINE_TOLERANCE,
+    DEFAULT_SETTINGS,
+    RANDOM_REFERENCE,
+    TIE_COMPLETIONS,
+    CausalDataError,
+    CausalSettings,
+    _rng,
+    above_band_gate,
+    area,
+    beats,
+    bonus_off_interval,
+    decode_array,
+    encode_array,
+    interval,
+    is_encoded_array,
+    k_weights,
+    mean_over_seeds,
+    measurability,
+    paired_difference,
+    prompt_resample,
+    quantize,
+    random_reference,
+    replicates,
+    settings_of,
+    significance,
+)
+from benchmark.verdicts import FAIL, INCONCLUSIVE, MAX_WIDTH, NOT_RUN, PASS, combine  # noqa: F401
 
 CAUSAL_FILE = "causal.json"
 #: the schema new references are written in (3: fair ties, ``ties`` recorded); schema 2 (ties to
@@ -58,28 +86,14 @@ READ_SCHEMAS = (2, 3)
 K_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 #: the grid of references written before ``k_fractions`` was recorded
 LEGACY_K_FRACTIONS = (0.25, 0.5, 1.0)
-#: random tie completions per k where the top-k boundary cuts a block of equal scores; 1 adds no
-#: replay and is an unbiased estimate whose spread the training-noise term already carries
-#: (docs/causal.md, "Ties")
-TIE_COMPLETIONS = 1
 #: how a reference's method curves break ties (recorded in ``causal.json["ties"]``)
 #: (recorded text, kept as shipped references hold it: the function is now score.tie_order)
 FAIR_TIES = "fair: a seeded random order within ties (benchmark.causal.tie_order)"
-#: fixed-point unit of the per-prompt numbers stored in results (:func:`encode_array`): values
-#: within +-2.147 (probabilities and their changes lie in [-1, 1]) at a resolution of 1e-9
-ARRAY_UNIT = 1e-9
-ARRAY_ENCODING = "int32-le-base64"
-#: causal fractions from replays on different CPUs differ by up to about 1e-4 (measured, see
-#: docs/causal.md); a verdict decided by less than this margin is inconclusive, never
-#: machine-dependent, and ``verify`` compares causal numbers within it
-CROSS_MACHINE_TOLERANCE = 0.01
 DEFAULT_CONTROLS = ("norm-only", "step-order")
 REFERENCE_ROWS = ("oracle", "provenance")
 STRONGEST = "strongest_control"
-
-
-class CausalDataError(ValueError):
-    """A stored causal curve or encoded array is malformed."""
+NO_BONUS = ("switching the bonus off changes nothing on this seed (no bonus was paid): there is "
+            "no effect to attribute")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,42 +103,6 @@ class CausalDataError(ValueError):
 def k_grid(gt_size: int, fractions=K_FRACTIONS) -> list[int]:
     """The removal sizes: ``ceil(f * gt_size)`` for f in ``fractions`` (at least 1)."""
     return [max(1, math.ceil(f * int(gt_size))) for f in fractions]
-
-
-def k_weights(fractions) -> np.ndarray:
-    """Weights of the causal score over a grid: the trapezoid rule over log2 k, normalized.
-
-    With ``x_i = log2 f_i`` (ascending), the area under the piecewise-linear curve through
-    ``(x_i, y_i)`` divided by ``x_max - x_min`` is ``sum_i w_i y_i`` with
-    ``w_i = (x_{i+1} - x_{i-1}) / (2 (x_max - x_min))`` (one-sided at the ends). On the grid
-    1/16..1 (equal steps) the weights are 1/8, 1/4, 1/4, 1/4, 1/8; on 1/4, 1/2, 1 they are
-    1/4, 1/2, 1/4. A one-point grid has weight 1.
-
-    Args:
-        fractions: ``(K,)`` removal sizes as fractions of |GT|, strictly increasing.
-
-    Returns:
-        ``(K,)`` non-negative weights summing to 1.
-
-    Raises:
-        CausalDataError: the fractions are not positive and strictly increasing.
-    """
-    f = np.asarray(fractions, np.float64).reshape(-1)
-    if f.size == 0 or not np.all(f > 0) or np.any(np.diff(f) <= 0):
-        raise CausalDataError(f"k fractions {f.tolist()}: expected positive, strictly "
-                              "increasing fractions of |GT| (e.g. [0.0625, ..., 1.0])")
-    if f.size == 1:
-        return np.ones(1)
-    x = np.log2(f)
-    w = np.zeros_like(x)
-    w[:-1] += np.diff(x) / 2
-    w[1:] += np.diff(x) / 2
-    return w / (x[-1] - x[0])
-
-
-def area(fractions_per_k, k_fractions) -> float:
-    """The causal score of a curve: ``sum_k w_k y_k`` with :func:`k_weights` (log-k trapezoid)."""
-    return float(np.dot(k_weights(k_fractions), np.asarray(fractions_per_k, np.float64)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,191 +285,6 @@ def task_reference(raw: dict, task: str) -> TaskReference:
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# stored numbers: a compact fixed-point encoding (results.json carries the per-prompt changes)
-
-
-def encode_array(x) -> dict:
-    """A float array as fixed-point integers in base64: what ``results.json`` stores.
-
-    Each value is rounded to a multiple of :data:`ARRAY_UNIT` (1e-9) and stored as a
-    little-endian int32, so a value must lie within +-2.147 (probabilities and their changes lie
-    in [-1, 1]). 128 prompts take 684 characters instead of 128 indented JSON lines.
-
-    Args:
-        x: a float array of any shape (finite).
-
-    Returns:
-        ``{"encoding": "int32-le-base64", "unit": 1e-8, "shape": [...], "data": "<base64>"}``.
-
-    Raises:
-        CausalDataError: a value is not finite or outside the int32 range of the unit.
-    """
-    a = np.asarray(x, np.float64)
-    q = np.round(a / ARRAY_UNIT)
-    lim = np.iinfo(np.int32).max
-    if not np.all(np.isfinite(q)) or np.any(np.abs(q) > lim):
-        raise CausalDataError(f"cannot store values {a.reshape(-1)[:4].tolist()}...: expected "
-                              f"finite values within +-{lim * ARRAY_UNIT:.2f}")
-    data = base64.b64encode(q.astype("<i4").tobytes()).decode("ascii")
-    return {"encoding": ARRAY_ENCODING, "unit": ARRAY_UNIT, "shape": list(a.shape), "data": data}
-
-
-def is_encoded_array(d: object) -> bool:
-    """Whether ``d`` has the form :func:`encode_array` returns."""
-    return isinstance(d, dict) and d.get("encoding") == ARRAY_ENCODING and "data" in d
-
-
-def decode_array(d: object) -> np.ndarray:
-    """Inverse of :func:`encode_array` (exact: ``decode(encode(x))`` is ``x`` on the unit grid).
-
-    Raises:
-        CausalDataError: ``d`` is not such a dict, or its data does not match its shape.
-    """
-    if not is_encoded_array(d) or not isinstance(d.get("shape"), list):
-        raise CausalDataError(f"expected an encoded array {{'encoding': {ARRAY_ENCODING!r}, "
-                              f"'unit', 'shape', 'data'}}, got {str(d)[:80]!r}")
-    try:
-        raw = base64.b64decode(d["data"], validate=True)
-        q = np.frombuffer(raw, dtype="<i4").astype(np.float64)
-        return (q * float(d["unit"])).reshape([int(n) for n in d["shape"]])
-    except (ValueError, TypeError) as exc:
-        raise CausalDataError(f"encoded array of shape {d.get('shape')} cannot be decoded "
-                              f"({exc}); re-score the submission") from exc
-
-
-def quantize(x) -> np.ndarray:
-    """``x`` on the storage grid: what a reader of the stored numbers sees."""
-    return decode_array(encode_array(x))
-
-
-# ----------------------------------------------------------------------------------------------
-# statistics (pure functions)
-
-
-def interval(point: float, samples: np.ndarray, level: float = 0.95) -> dict:
-    """Percentile interval ``{"point", "lo", "hi"}`` of bootstrap replicates."""
-    a = (1 - level) / 2
-    lo, hi = np.quantile(samples, [a, 1 - a]) if len(samples) else (np.nan, np.nan)
-    return {"point": float(point), "lo": float(lo), "hi": float(hi)}
-
-
-def beats(lo: float, hi: float, tol: float = CROSS_MACHINE_TOLERANCE,
-          max_width: float = MAX_WIDTH) -> str:
-    """Verdict of an interval ``[lo, hi]`` of a margin that must be > 0.
-
-    Pass when ``lo > tol``; fail when ``hi < -tol``, or when the interval straddles 0, is at most
-    ``max_width`` wide and both ends are farther than ``tol`` from 0; inconclusive otherwise:
-    too wide to tell, or an end within ``tol`` of 0 (decided by less than the cross-machine
-    tolerance, so another CPU could decide it the other way).
-    """
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return INCONCLUSIVE
-    if lo > tol:
-        return PASS
-    if hi < -tol:
-        return FAIL
-    if abs(lo) <= tol or abs(hi) <= tol or abs((hi - lo) - max_width) <= tol:
-        return INCONCLUSIVE
-    return FAIL if hi - lo <= max_width else INCONCLUSIVE
-
-
-def above_band_gate(margin: dict, tol: float = CROSS_MACHINE_TOLERANCE) -> str:
-    """Whether a causal score is above the random band, for the precision items (3, 4).
-
-    ``margin`` is the interval of (causal score - the band's top) on one seed. The score is **at
-    or below the band** when the margin's upper end is below ``-tol`` (fail: precision items
-    cannot pass), too close to call when it is within ``tol`` of 0 (inconclusive: a precision
-    pass becomes inconclusive), and not capped (pass) otherwise.
-    """
-    hi = margin.get("hi") if isinstance(margin, dict) else None
-    if hi is None or not math.isfinite(hi):
-        return INCONCLUSIVE
-    if hi < -tol:
-        return FAIL
-    return INCONCLUSIVE if hi <= tol else PASS
-
-
-def significance(lo: float, hi: float, tol: float = CROSS_MACHINE_TOLERANCE) -> str:
-    """Verdict of a paired difference a - b from its interval ``[lo, hi]``.
-
-    ``better`` when ``lo > tol``, ``worse`` when ``hi < -tol``, ``tie`` otherwise (the data do
-    not separate them by more than the cross-machine tolerance).
-    """
-    if math.isfinite(lo) and lo > tol:
-        return "better"
-    if math.isfinite(hi) and hi < -tol:
-        return "worse"
-    return "tie"
-
-
-def paired_difference(a: tuple[float, np.ndarray], b: tuple[float, np.ndarray],
-                      level: float = 0.95, tol: float = CROSS_MACHINE_TOLERANCE) -> dict:
-    """The paired difference of two causal scores: ``{"point", "lo", "hi", "verdict"}``.
-
-    ``a`` and ``b`` are ``(point, (B,) replicates)`` of two methods on the same (seed, task)
-    resamples (the prompt resample is shared; each method's training-noise draw is its own), so
-    the interval of ``a - b`` is the percentile interval of the replicate differences; the
-    verdict is :func:`significance`.
-    """
-    d = interval(a[0] - b[0], np.asarray(a[1]) - np.asarray(b[1]), level)
-    return d | {"verdict": significance(d["lo"], d["hi"], tol)}
-
-
-def _rng(*parts: object) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32("/".join(map(str, parts)).encode()))
-
-
-@dataclass(frozen=True)
-class CausalSettings:
-    """Bootstrap settings of the causal score (recorded in results).
-
-    Attributes:
-        n_boot: bootstrap replicates.
-        level: interval coverage.
-        boot_seed: base seed of the resamples (with seed, task and method names).
-        tie_completions: random tie completions per k (R, see :func:`removal_sets`).
-    """
-
-    n_boot: int = 2000
-    level: float = 0.95
-    boot_seed: int = 0
-    tie_completions: int = TIE_COMPLETIONS
-
-    def __post_init__(self) -> None:
-        if self.n_boot < 1 or self.tie_completions < 1 or not 0 < self.level < 1:
-            raise ValueError(f"causal settings n_boot={self.n_boot}, level={self.level}, "
-                             f"tie_completions={self.tie_completions}: expected n_boot >= 1, "
-                             "0 < level < 1 and tie_completions >= 1")
-
-
-def settings_of(recorded: dict) -> CausalSettings:
-    """The causal settings of an evaluation from its recorded settings.
-
-    Reads ``n_boot_causal``, ``level``, ``boot_seed`` and ``tie_completions`` of
-    ``results["settings"]``.
-
-    Raises:
-        CausalDataError: a field is missing.
-    """
-    try:
-        return CausalSettings(int(recorded["n_boot_causal"]), float(recorded["level"]),
-                              int(recorded["boot_seed"]), int(recorded["tie_completions"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CausalDataError(f"recorded settings lack the causal bootstrap's ({exc}); expected "
-                              "n_boot_causal, level, boot_seed and tie_completions") from exc
-
-
-def prompt_resample(boot_seed: int, seed: int, task: str, n_boot: int,
-                    n_prompts: int) -> np.ndarray:
-    """``(n_boot, n_prompts)`` resampled prompt indices of one (seed, task).
-
-    Drawn from ``(boot_seed, seed, task, "prompts")`` only, so every method of every evaluation
-    gets the same resample: causal scores of two entries are paired.
-    """
-    return _rng(boot_seed, seed, task, "prompts").integers(0, n_prompts, (n_boot, n_prompts))
-
-
 def reference_inputs(ref: TaskReference) -> dict:
     """What every method's replicates on one (seed, task) share, as stored in results.
 
@@ -515,70 +308,8 @@ def reference_inputs(ref: TaskReference) -> dict:
             "random_effects": encode_array(eff)}
 
 
-def replicates(prompt_deltas: dict, inputs: dict, seed: int, task: str, name: str,
-               settings: CausalSettings = CausalSettings()) -> tuple[float, np.ndarray]:
-    """A method's causal score on one (seed, task) and its bootstrap replicates.
-
-    The one place the causal score's statistics live: the evaluator calls it for every method,
-    the leaderboard for every entry, from the numbers ``results.json`` stores.
-
-    With ``d[k, r, j]`` the change of the behavior probability on prompt ``j`` when removing
-    tie completion ``r`` of the method's set at k, ``o[j]`` the bonus-off change, ``e[k, i]``
-    the shipped random sets' effects and ``w`` the log-k weights (:func:`k_weights`):
-
-    * point: ``sum_k w_k mean_r mean_j d[k, r, j] / mean_j o[j]``;
-    * replicate b: ``sum_k w_k (mean_{r in R_b} mean_{j in J_b} d[k, r, j] + eps_bk) /
-      mean_{j in J_b} o[j]`` with ``J_b`` the shared prompt resample (:func:`prompt_resample`),
-      ``eps_bk`` a centred random-set effect drawn for this method and k, and ``R_b`` a resample
-      of the tie completions (only when there are several).
-
-    Args:
-        prompt_deltas: encoded ``(K, R, P)`` per-prompt changes (:func:`encode_array`).
-        inputs: :func:`reference_inputs` of the (seed, task).
-        seed, task, name: where and whose (they seed the resamples).
-        settings: bootstrap settings.
-
-    Returns:
-        ``(point, (n_boot,) replicates)``.
-
-    Raises:
-        CausalDataError: shapes that do not fit the grid or the prompts.
-    """
-    d = decode_array(prompt_deltas)
-    off = decode_array(inputs["bonus_off_prompt_delta"])
-    eff = decode_array(inputs["random_effects"])
-    fr = inputs["k_fractions"]
-    w = k_weights(fr)
-    K, P = len(w), off.size
-    if d.ndim != 3 or d.shape[0] != K or d.shape[2] != P or d.shape[1] < 1 or \
-            eff.ndim != 2 or eff.shape[0] != K:
-        raise CausalDataError(f"{name!r} on seed {seed} task {task}: prompt deltas of shape "
-                              f"{list(d.shape)} and random effects of shape {list(eff.shape)} "
-                              f"do not fit a grid of {K} sizes and {P} prompts; expected "
-                              f"({K}, R, {P}) and ({K}, n)")
-    den_point = float(off.mean())
-    point = float(np.dot(w, d.mean(axis=(1, 2)))) / den_point
-    B = settings.n_boot
-    idx = prompt_resample(settings.boot_seed, seed, task, B, P)
-    den = off[idx].mean(axis=1)
-    out = np.zeros(B)
-    for k in range(K):
-        per = d[k][:, idx].mean(axis=-1)  # (R, B)
-        R = per.shape[0]
-        if R == 1:
-            num = per[0]
-        else:
-            ridx = _rng(settings.boot_seed, seed, task, name, "ties", k).integers(0, R, (B, R))
-            num = per[ridx, np.arange(B)[:, None]].mean(axis=1)
-        n = eff.shape[1]
-        nidx = _rng(settings.boot_seed, seed, task, name, "noise", k).integers(0, max(n, 1), B)
-        eps = (eff[k] - eff[k].mean())[nidx] if n else 0.0
-        out += w[k] * (num + eps) / den
-    return point, out
-
-
 def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]],
-                       estimator: str, settings: CausalSettings = CausalSettings(),
+                       estimator: str, settings: CausalSettings = DEFAULT_SETTINGS,
                        controls: tuple[str, ...] = DEFAULT_CONTROLS,
                        track_controls: tuple[str, ...] = (),
                        tie_cuts: dict[str, list[bool]] | None = None) -> tuple[dict, dict]:
@@ -604,8 +335,7 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
         return {"window_end": ref.window_end, "gt_size": ref.gt_size, "k_grid": ref.ks,
                 "k_fractions": list(ref.k_fractions), "bonus_off_effect": 0.0, "methods": {},
                 "comparisons": {}, "checks": {}, "verdict": INCONCLUSIVE,
-                "reason": "switching the bonus off changes nothing on this seed (no bonus was "
-                          "paid): there is no effect to attribute"}, {}
+                "reason": NO_BONUS, "measurable": False, "measurable_reason": NO_BONUS}, {}
     all_curves = {**{m: [[r] for r in ref.methods[m]] for m in REFERENCE_ROWS
                      if m in ref.methods}, **curves}
     inputs = reference_inputs(ref)
@@ -634,14 +364,23 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
             methods[name]["prompt_deltas"] = enc
     eff = decode_array(inputs["random_effects"])
     fam = [area(eff[:, i] / e_off, ref.k_fractions) for i in range(eff.shape[1])]
+    rpoint, rsmp = random_reference(inputs, ref.seed, ref.task, settings)
     band = {"lo": float(min(fam)), "hi": float(max(fam)), "mean": float(np.mean(fam)),
             "scores": fam, "n_families": len(fam),
+            "reference": interval(rpoint, rsmp, settings.level) | {
+                "statistic": RANDOM_REFERENCE, "n_sets": len(fam)},
             "curve": [{"k": k, "fractions": [float(x) / e_off for x in eff[i]]}
                       for i, k in enumerate(ref.ks)]}
+    measure = measurability(
+        bonus_off_interval(inputs, ref.seed, ref.task, settings),
+        {m: interval(samples[m][0] - rpoint, samples[m][1] - rsmp, settings.level)
+         for m in REFERENCE_ROWS if m in samples})
     comparisons, checks = {}, {}
     est = samples.get(estimator)
     if est is not None:
-        margin = interval(est[0] - band["hi"], est[1] - band["hi"], settings.level)
+        # item 10's random check: the estimator minus the random reference (the sets' mean),
+        # paired; the key keeps its name ("random_band") for readers of older results
+        margin = interval(est[0] - rpoint, est[1] - rsmp, settings.level)
         comparisons["random_band"] = margin
         checks["random_band"] = beats(margin["lo"], margin["hi"])
         # a control evaluated as the estimator is compared with itself: never a pass
@@ -660,7 +399,10 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
     block = {"window_end": ref.window_end, "gt_size": ref.gt_size, "k_grid": ref.ks,
              "bonus_off_effect": e_off, "methods": methods, "random_band": band,
              "comparisons": comparisons, "checks": checks, "verdict": verdict,
-             "reason": _reason(checks, comparisons), **inputs}
+             "reason": _reason(checks, comparisons),
+             "measurable": measure.pop("measurable"),
+             "measurable_reason": measure.pop("measurable_reason"), "measurability": measure,
+             **inputs}
     return block, samples
 
 
@@ -669,17 +411,11 @@ def _reason(checks: dict, comparisons: dict) -> str:
         return ""
     parts = []
     for name, v in checks.items():
-        what = {"random_band": "the random band",
+        what = {"random_band": "the random reference (mean of the random sets)",
                 STRONGEST: f"the strongest control "
                            f"({comparisons.get(STRONGEST, {}).get('control')})"}.get(name, name)
         parts.append(f"{v} vs {what}")
     return "; ".join(parts)
-
-
-def mean_over_seeds(points: list[float], samples: list[np.ndarray],
-                    level: float = 0.95) -> dict:
-    """Mean of per-seed scores with the interval of the mean of independent replicates."""
-    return interval(float(np.mean(points)), np.mean(np.stack(samples), axis=0), level)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -740,7 +476,7 @@ def replays_pending(release, scores: dict, completions: int = TIE_COMPLETIONS) -
 
 def causal_results(release, scores: dict, estimator: str,
                    controls: tuple[str, ...] = DEFAULT_CONTROLS,
-                   settings: CausalSettings = CausalSettings(), workers: int = 2,
+                   settings: CausalSettings = DEFAULT_SETTINGS, workers: int = 2,
                    progress: bool = False, pool=None,
                    track_controls: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """Causal scores of every method in ``scores`` on every (seed, task) given.
@@ -806,12 +542,21 @@ def causal_results(release, scores: dict, estimator: str,
                                                      settings.level)
                                for name, x in samples.get(t, {}).items()}
             seeds = [b for b in entry["per_seed"].values() if b["methods"]]
+            refs_ = [random_reference(b, int(s), t, settings)
+                     for s, b in sorted(entry["per_seed"].items(), key=lambda kv: int(kv[0]))
+                     if b["methods"]]
             entry["random_band"] = {
                 "lo": float(np.mean([b["random_band"]["lo"] for b in seeds])),
-                "hi": float(np.mean([b["random_band"]["hi"] for b in seeds]))}
+                "hi": float(np.mean([b["random_band"]["hi"] for b in seeds])),
+                "reference": mean_over_seeds([p for p, _ in refs_], [r for _, r in refs_],
+                                             settings.level)}
         else:
             entry["scores"] = {}
-        entry["verdict"] = combine(b["verdict"] for b in entry["per_seed"].values())
+        # unmeasurable cells are reported, never counted (docs/evaluation.md)
+        entry["verdict"] = combine(b["verdict"] for b in entry["per_seed"].values()
+                                   if b.get("measurable", True))
+        entry["measurable_seeds"] = sorted(int(s) for s, b in entry["per_seed"].items()
+                                           if b.get("measurable", True))
     suite = {}
     common = set.intersection(*(set(x) for x in samples.values())) if samples else set()
     for name in sorted(common):
@@ -819,32 +564,36 @@ def causal_results(release, scores: dict, estimator: str,
         suite[name] = mean_over_seeds([p for p, _ in both], [r for _, r in both],
                                       settings.level)
     out = {"tasks": tasks, "suite": suite, "replay": {"mode": "batched", "threads": 1}}
-    margins = band_margins(tasks, samples, estimator) if estimator in suite else []
+    margins = band_margins(tasks, samples, estimator, settings) if estimator in suite else []
     if margins:
         out["suite_vs_random"] = mean_over_seeds([p for p, _ in margins],
                                                  [r for _, r in margins], settings.level)
     return out, timing
 
 
-def band_margins(tasks: dict, samples: dict, estimator: str) -> list[tuple[float, np.ndarray]]:
-    """The estimator's item-10 margins over the random band's top, per scored (task, seed).
+def band_margins(tasks: dict, samples: dict, estimator: str,
+                 settings: CausalSettings = DEFAULT_SETTINGS) -> list[tuple[float, np.ndarray]]:
+    """The estimator's item-10 margins over the random reference, per scored (task, seed).
 
-    For each (task, seed) with a causal score: ``(point - hi, replicates - hi)`` with ``hi`` the
-    band's upper end there (``comparisons.random_band`` of the block, before its interval). Their
-    mean over tasks and seeds (:func:`mean_over_seeds`) is the suite's paired estimator-minus-band
-    margin, ``suite["vs_random"]``, which the live-draw gate of ``bt-bench verify`` reads.
+    For each (task, seed) with a causal score: ``(point - r, replicates - r_b)`` with ``(r, r_b)``
+    the random reference there (:func:`random_reference` of the block's stored inputs: the mean
+    of the random sets, paired on the prompt resample). Their mean over tasks and seeds
+    (:func:`mean_over_seeds`) is the suite's paired estimator-minus-reference margin,
+    ``suite["vs_random"]``, which the live-draw gate of ``bt-bench verify`` reads. Every scored
+    cell counts here, measurable or not (a mean margin, not a verdict).
 
     Args:
         tasks: ``{task: {"per_seed": {seed: block}}}`` of :func:`causal_results`.
         samples: ``{task: {method: [(point, (B,) replicates), ...]}}`` in the order of the
             blocks with methods (sorted seeds).
         estimator: whose margins.
+        settings: the bootstrap settings the samples were drawn with.
     """
     out = []
     for t, entry in sorted(tasks.items()):
-        blocks = [b for _, b in sorted(entry["per_seed"].items(), key=lambda kv: int(kv[0]))
-                  if b["methods"]]
-        for b, (p, r) in zip(blocks, samples.get(t, {}).get(estimator, []), strict=True):
-            hi = b["random_band"]["hi"]
-            out.append((p - hi, np.asarray(r) - hi))
+        blocks = [(int(s), b) for s, b in sorted(entry["per_seed"].items(),
+                                                  key=lambda kv: int(kv[0])) if b["methods"]]
+        for (s, b), (p, r) in zip(blocks, samples.get(t, {}).get(estimator, []), strict=True):
+            rp, rr = random_reference(b, s, t, settings)
+            out.append((p - rp, np.asarray(r) - rr))
     return out

@@ -158,10 +158,22 @@ def _task_cells(r: dict) -> dict[str, Cell]:
     for i, k in GATED_ITEMS:
         cells[f"item{i}"] = _verdict_cell(r["checklist"].get(k), short=True)
     cells["verdict"] = _verdict_cell(r["verdict"], short=False)
+    lm = r.get("label_metrics") or {}
+    if lm.get("measurable") is False:  # the open track's view gives the labels away
+        for key in LABEL_METRIC_CELLS:
+            c = cells[key]
+            cells[key] = Cell(f"{c.text} {NOT_MEASURABLE_MARK}", c.ci, c.sort, c.css,
+                              f"{c.text} {c.ci}".strip() + ": " + str(lm.get("reason", "")))
     for view in r.get("fallbacks", []):
         for key in FALLBACK_CELLS[view]:
             cells[key] = _fallback(cells[key], view)
     return cells
+
+
+#: the per-task cells that measure agreement with the labels (precision, AUC)
+LABEL_METRIC_CELLS = ("precision", "step_precision", "draw_auc")
+#: appended to a label metric that measures nothing in its track (the open track)
+NOT_MEASURABLE_MARK = "(n/m)"
 
 
 def task_table(release: dict, task: dict, table: dict) -> Table:
@@ -215,10 +227,26 @@ def suite_columns(release: dict) -> list[Column]:
         cols.append(Column(f"verdict:{t}", f"{t} verdict", False, "asc",
                            title=f"checklist verdict on task {t}"))
     cols.append(Column("item11", "11", False, "asc", title=f"11 {ITEM_TITLES[11]}"))
+    cols.append(Column("checks", "checks (pass/measurable)", False, "asc",
+                       title="per item, the places (seeds, draws) of measurable cells that "
+                             "pass, of all measurable ones, over every task"))
     cols.append(Column("verdict", "verdict", False, "asc",
-                       title="overall verdict: every gated item of every task, and item 11 "
-                             "where live draws exist"))
+                       title="strict overall verdict: every gated item passes on every "
+                             "measurable seed and draw of every task, and item 11 where live "
+                             "draws exist; the checks column counts how many places pass"))
     return cols
+
+
+def _counts_cell(counts: dict | None) -> Cell:
+    """``1: 9/11 2: 20/22 ...`` (pass / measurable places per item); its tooltip in words."""
+    if not counts:
+        return Cell("-")
+    from benchmark.checklist import counts_line, counts_short
+
+    passed = sum(c.get("pass", 0) for c in counts.values())
+    measurable = sum(c.get("measurable", 0) for c in counts.values())
+    return Cell(counts_short(counts), "", passed / measurable if measurable else None,
+                title="; ".join(counts_line(i, c) for i, c in counts.items()))
 
 
 def _live_cell(d: dict | None) -> Cell:
@@ -258,6 +286,7 @@ def suite_table(release: dict, table: dict) -> Table:
             cells[f"task:{t}"] = _iv_cell(r["tasks"].get(t))
             cells[f"verdict:{t}"] = _verdict_cell(r["task_verdicts"].get(t), short=False)
         cells["item11"] = _verdict_cell((r.get("checklist") or {}).get("live"), short=True)
+        cells["checks"] = _counts_cell(r.get("checklist_counts"))
         cells["verdict"] = _verdict_cell(r["verdict"], short=False)
         out.ranked.append(Row(r["name"], r["name"], r["kind"], cells,
                               entries[r["name"]].get("description") or ""))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmark.checklist import live_entry
+from benchmark.checklist import label_metrics, live_entry, results_counts
 from benchmark.contract import FALLBACK_VIEWS  # the views an estimator may fall back in
 from benchmark.leaderboard._common import (
     GATED_KEYS,
@@ -138,7 +138,9 @@ def task_row(meta: dict, results: dict, task: str) -> dict:
     (group label, rollout granularity) with its interval (``summary.precision_window_group``),
     its mean chance and lift, the mean step-level window precision and ceiling, the other-task
     share of the top-|GT| rollouts (``summary.specificity_mean``), the mean residualized draw
-    AUC, the gated checklist verdicts and the task's verdict; ``fallbacks`` as declared.
+    AUC, the gated checklist verdicts and the task's verdict; ``fallbacks`` as declared;
+    ``label_metrics``: whether precision and AUC measure attribution in the entry's track
+    (:func:`benchmark.checklist.label_metrics`: not in the open track).
     """
     est = results["estimator"]["name"]
     t = results["tasks"][task]
@@ -163,6 +165,9 @@ def task_row(meta: dict, results: dict, task: str) -> dict:
         "checklist": {k: verdicts.get(k) for k in GATED_KEYS},
         "verdict": t.get("verdict"),
         "fallbacks": fallbacks(results),
+        # older results have no summary.label_metrics: the track decides it the same way
+        "label_metrics": sm.get("label_metrics")
+        or label_metrics(str(get(results, "estimator", "track"))),
     }
 
 
@@ -195,7 +200,9 @@ def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
     its interval); ``tasks`` holds each task's causal score and ``task_verdicts`` its verdict.
     ``live`` is the suite causal score on live draws (the mean over draws, with its interval,
     the number of draws and their ids; :func:`benchmark.checklist.pool_draws`) and
-    ``checklist.live`` item 11's verdict; both None without live draws.
+    ``checklist.live`` item 11's verdict; both None without live draws. ``checklist_counts``:
+    per counted item, its places' pass / fail / inconclusive / not-counted counts over the tasks
+    (``results["checklist_counts"]``, or counted from the checklist of older results).
     """
     est = results["estimator"]["name"]
     item = live_item(results)
@@ -208,6 +215,8 @@ def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
                   for t in tasks},
         "task_verdicts": {t: get(results, "tasks", t, "verdict") for t in tasks},
         "checklist": {"live": item["verdict"] if item else None},
+        "checklist_counts": results.get("checklist_counts")
+        or results_counts(results.get("tasks") or {}),
         "verdict": results.get("verdict"),
         "fallbacks": fallbacks(results),
     }
