@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from benchmark.controls import control_files
-from benchmark.live import new_draw_id
 from benchmark.submissions import (
     ATTACK_CONTROLS_DIR,
     find_submissions,
@@ -37,13 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*", help="submission names (default: every submission)")
     p.add_argument("--release", default="tiny")
     p.add_argument("--submissions-dir", default="submissions")
-    p.add_argument("--live-draw", type=int, default=None, help="the live draw (default: random)")
-    p.add_argument("--live-scale", default=None, help="family (default) or micro-family")
-    p.add_argument("--no-live", action="store_true", help="record no live draw")
+    p.add_argument("--panel", action="store_true",
+                   help="also re-score on the season panel in force (its entries become "
+                        "provisional)")
     args = p.parse_args(argv)
-    draw = args.live_draw if args.live_draw is not None else new_draw_id()
-    if not args.no_live:
-        print(f"live draw {draw} for every entry", flush=True)
     root = Path(args.submissions_dir)
     folders = [f for f in find_submissions(root) if not args.names or f.name in args.names]
     for folder in folders:
@@ -56,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             src = Path(d) / "estimator.py"
             # a control's submission is the control's file (an attack control's under
             # estimators/controls/attacks/, named as the submission): take the current one
-            attack = ATTACK_CONTROLS_DIR / f"{sub.name}.py"
+            attack = ATTACK_CONTROLS_DIR / f"{sub.name.replace('-', '_')}.py"
             control = (control_files("open").get(sub.name)
                        or (attack if attack.is_file() else None)) \
                 if meta.get("kind") == "control" else None
@@ -64,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             submit(src, sub.name, meta["authors"], link=meta.get("link"),
                    description=meta.get("description"), release=args.release,
                    submissions_dir=root, force=True, progress=False,
-                   requirements=meta.get("requirements", []), live=not args.no_live,
-                   live_draw=draw, live_scale=args.live_scale)
+                   requirements=meta.get("requirements", []), panel=args.panel)
         print(f"{sub.name}: re-scored in {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

@@ -216,24 +216,21 @@ def suite_columns(release: dict) -> list[Column]:
             Column("name", "submission", False, "asc"),
             Column("kind", "kind", False, "asc"),
             Column("causal_score", "suite causal score [95% CI]", True,
-                   title="mean over tasks and seeds of the causal score"),
-            Column("live", "live [95% CI] (draws)", True,
-                   title="the suite causal score on runs drawn fresh from the task family at "
-                         "scoring time: mean over the n live draws, with its interval")]
+                   title="mean over tasks and seeds of the causal score")]
     for t, strength in tasks:
         cols.append(Column(f"task:{t}", f"{t}" + (f" ({strength})" if strength else ""), True,
                            title=f"causal score on task {t}, mean over seeds"))
     for t, _ in tasks:
         cols.append(Column(f"verdict:{t}", f"{t} verdict", False, "asc",
                            title=f"checklist verdict on task {t}"))
-    cols.append(Column("item11", "11", False, "asc", title=f"11 {ITEM_TITLES[11]}"))
     cols.append(Column("checks", "checks (pass/measurable)", False, "asc",
                        title="per item, the places (seeds, draws) of measurable cells that "
                              "pass, of all measurable ones, over every task"))
     cols.append(Column("verdict", "verdict", False, "asc",
-                       title="strict overall verdict: every gated item passes on every "
-                             "measurable seed and draw of every task, and item 11 where live "
-                             "draws exist; the checks column counts how many places pass"))
+                       title="strict overall verdict on the public release (the development "
+                             "verdict): every gated item passes on every measurable seed and "
+                             "draw of every task; the checks column counts how many places "
+                             "pass; the season table gives the panel verdict"))
     return cols
 
 
@@ -247,15 +244,6 @@ def _counts_cell(counts: dict | None) -> Cell:
     measurable = sum(c.get("measurable", 0) for c in counts.values())
     return Cell(counts_short(counts), "", passed / measurable if measurable else None,
                 title="; ".join(counts_line(i, c) for i, c in counts.items()))
-
-
-def _live_cell(d: dict | None) -> Cell:
-    """``0.410 [0.350, 0.470] (n=1)`` of a live score; ``-`` without live draws."""
-    cell = _iv_cell(d)
-    if d is None or cell.text == "-":
-        return cell
-    return Cell(cell.text, f"{cell.ci} (n={d.get('n_draws')})".strip(), cell.sort,
-                title="live draws: " + ", ".join(str(i) for i in d.get("draw_ids") or []))
 
 
 def suite_table(release: dict, table: dict) -> Table:
@@ -281,11 +269,9 @@ def suite_table(release: dict, table: dict) -> Table:
     for r in table["rows"]:
         cells = _rank_kind_name(r)
         cells["causal_score"] = _iv_cell(r["causal_score"])
-        cells["live"] = _live_cell(r.get("live"))
         for t in tasks:
             cells[f"task:{t}"] = _iv_cell(r["tasks"].get(t))
             cells[f"verdict:{t}"] = _verdict_cell(r["task_verdicts"].get(t), short=False)
-        cells["item11"] = _verdict_cell((r.get("checklist") or {}).get("live"), short=True)
         cells["checks"] = _counts_cell(r.get("checklist_counts"))
         cells["verdict"] = _verdict_cell(r["verdict"], short=False)
         out.ranked.append(Row(r["name"], r["name"], r["kind"], cells,

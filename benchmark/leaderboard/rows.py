@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmark.checklist import label_metrics, live_entry, results_counts
+from benchmark.checklist import label_metrics, results_counts
 from benchmark.contract import FALLBACK_VIEWS  # the views an estimator may fall back in
 from benchmark.leaderboard._common import (
     GATED_KEYS,
@@ -32,7 +32,6 @@ __all__ = [
     "curve_series",
     "draw_series",
     "fallbacks",
-    "live_item",
     "precision_series",
     "random_band_series",
     "suite_reference",
@@ -171,50 +170,24 @@ def task_row(meta: dict, results: dict, task: str) -> dict:
     }
 
 
-def live_item(results: dict) -> dict | None:
-    """Checklist item 11 of a results file, or None when it has no live block.
-
-    The item recorded under ``live.item``, else computed from the recorded numbers with
-    :func:`benchmark.checklist.live_entry`.
-    """
-    if not isinstance(results.get("live"), dict):
-        return None
-    item = get(results, "live", "item")
-    return item if isinstance(item, dict) and "verdict" in item else live_entry(results)
-
-
-def _live_score(item: dict | None) -> dict | None:
-    """``{point, lo, hi, n_draws, draw_ids}`` of item 11's pooled live score, or None."""
-    live = get(item, "numbers", "live")
-    iv = interval(live)
-    if iv is None:
-        return None
-    ids = live.get("draw_ids")
-    return iv | {"n_draws": live.get("n_draws"), "draw_ids": list(ids) if ids else []}
-
-
 def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
     """One submission's row in the suite table: the causal score over tasks and seeds.
 
     ``causal_score`` is ``results["suite"]["causal_score"]`` (mean over tasks and seeds, with
     its interval); ``tasks`` holds each task's causal score and ``task_verdicts`` its verdict.
-    ``live`` is the suite causal score on live draws (the mean over draws, with its interval,
-    the number of draws and their ids; :func:`benchmark.checklist.pool_draws`) and
-    ``checklist.live`` item 11's verdict; both None without live draws. ``checklist_counts``:
+    Item 11 and the panel score are the season table's (:mod:`benchmark.leaderboard.season`).
+    ``checklist_counts``:
     per counted item, its places' pass / fail / inconclusive / not-counted counts over the tasks
     (``results["checklist_counts"]``, or counted from the checklist of older results).
     """
     est = results["estimator"]["name"]
-    item = live_item(results)
     return {
         "name": meta["name"],
         "kind": meta.get("kind", "estimator"),
         "causal_score": interval(get(results, "suite", "causal_score", est)),
-        "live": _live_score(item),
         "tasks": {t: interval(get(results, "tasks", t, "summary", "causal_score", est))
                   for t in tasks},
         "task_verdicts": {t: get(results, "tasks", t, "verdict") for t in tasks},
-        "checklist": {"live": item["verdict"] if item else None},
         "checklist_counts": results.get("checklist_counts")
         or results_counts(results.get("tasks") or {}),
         "verdict": results.get("verdict"),
