@@ -51,12 +51,12 @@ ITEMS: dict[int, tuple[str, str]] = {
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
     10: ("causal", "causal score above the random reference, norm-only's, step-order's and the "
                    "strongest control's (paired)"),
-    11: ("live", "the live score (runs drawn fresh from the task family) is not significantly "
-                 "below the public one"),
+    11: ("live", "the panel score (the season panel's draws, fresh runs of the task family) "
+                 "is not significantly below the public one"),
 }
 GATED = (1, 2, 3, 4, 5, 6, 7)
-#: the items decided per task (:func:`task_checklist`); item 11 is decided once per results file,
-#: from its live draws (:func:`live_entry`)
+#: the items decided per task (:func:`task_checklist`); item 11 is decided once per entry, from
+#: its season-panel draws (:func:`live_item`; ``benchmark.submissions.panel.panel_summary``)
 TASK_ITEMS = tuple(i for i in ITEMS if i != 11)
 
 
@@ -615,46 +615,3 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
                   f"{margin['hi'] - margin['lo']:.3f} wide (> {MAX_WIDTH}) and reaches below 0")
     return out | {"margin": margin, "verdict": verdict, "reason": reason}
 
-
-def live_entry(results: Mapping) -> dict | None:
-    """Item 11 as a checklist entry of ``results`` (None when it has no live block).
-
-    ``{"item": 11, "key": "live", "title", "verdict", "gated": True, "numbers": {public, live,
-    margin, tolerance}, "reason"}`` from ``results["suite"]`` and ``results["live"]["draws"]``
-    (:func:`live_item`).
-    """
-    live = results.get("live")
-    if not isinstance(live, Mapping):
-        return None
-    est = str(results.get("estimator", {}).get("name", ""))
-    it = live_item(results.get("suite") or {}, list(live.get("draws") or []), est)
-    key, title = ITEMS[11]
-    return {"item": 11, "key": key, "title": title, "verdict": it["verdict"], "gated": True,
-            "numbers": {k: it[k] for k in ("public", "live", "margin", "tolerance")},
-            "reason": it["reason"]}
-
-
-def results_verdict(results: Mapping) -> str:
-    """A results file's overall verdict: its tasks' verdicts, and item 11 where live draws exist.
-
-    Without a live block this is ``combine`` of the tasks' verdicts, exactly as ``evaluate``
-    records it, so results without live draws keep their verdict.
-    """
-    verdicts = [t["verdict"] for t in (results.get("tasks") or {}).values()]
-    entry = live_entry(results)
-    if entry is not None:
-        verdicts.append(entry["verdict"])
-    return combine(verdicts)
-
-
-def with_live_item(results: dict) -> dict:
-    """``results`` with item 11 recorded (``live["item"]``) and the overall verdict updated.
-
-    Returns ``results`` itself, unchanged, when it has no live block (old results stay
-    byte-identical); otherwise a shallow copy (``results`` is not modified).
-    """
-    entry = live_entry(results)
-    if entry is None:
-        return results
-    return dict(results) | {"live": dict(results["live"]) | {"item": entry},
-                            "verdict": results_verdict(results)}

@@ -122,13 +122,12 @@ def _check_live(live: Any, where: str) -> None:
 _MISSING = object()
 
 #: (key, type, what) of the top level's required and optional fields
-_TOP = (("schema_version", int, "an integer"), ("bt_bench_version", str, "a string"),
-        ("release", dict, "an object"), ("estimator", dict, "an object"),
-        ("tasks", dict, "an object of tasks"), ("suite", dict, "an object"),
-        ("verdict", str, "a string"))
-_TOP_OPTIONAL = (("requirements", list, "a list"), ("controls", list, "a list"),
-                 ("isolation", dict, "an object"), ("settings", dict, "an object"),
-                 ("packages", dict, "an object"))
+_TOP = (("schema_version", int, "an integer"), ("release", dict, "an object"),
+        ("estimator", dict, "an object"), ("tasks", dict, "an object of tasks"),
+        ("suite", dict, "an object"), ("verdict", str, "a string"))
+_TOP_OPTIONAL = (("bt_bench_version", str, "a string"), ("requirements", list, "a list"),
+                 ("controls", list, "a list"), ("isolation", dict, "an object"),
+                 ("settings", dict, "an object"), ("packages", dict, "an object"))
 
 
 def _kind(v: Any) -> str:

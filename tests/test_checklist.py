@@ -262,33 +262,6 @@ def test_live_item_is_inconclusive_without_live_draws_or_scores():
     assert C.live_item(pub, [], "m")["tolerance"] == CROSS_MACHINE_TOLERANCE
 
 
-def _results(verdicts, live=None):
-    r = {"estimator": {"name": "m"}, "suite": _suite("m", PUBLIC),
-         "tasks": {t: {"verdict": v} for t, v in verdicts.items()}, "verdict": None}
-    r["verdict"] = C.combine(verdicts.values())
-    if live is not None:
-        r["live"] = {"family_version": "1", "scale": "micro-family", "draws": live}
-    return r
-
-
-def test_item_11_counts_only_where_a_live_block_exists():
-    old = _results({"a": C.PASS, "b": C.PASS})
-    assert C.live_entry(old) is None
-    assert C.results_verdict(old) == C.PASS
-    assert C.with_live_item(old) is old  # unchanged: old results stay byte-identical
-    memorizer = _results({"a": C.PASS, "b": C.PASS}, _live("m", _iv(-.03, -.07, 0.)))
-    entry = C.live_entry(memorizer)
-    assert entry["item"] == 11 and entry["key"] == "live" and entry["gated"]
-    assert entry["verdict"] == C.FAIL and entry["numbers"]["public"] == PUBLIC
-    assert C.results_verdict(memorizer) == C.FAIL
-    scored = C.with_live_item(memorizer)
-    assert scored["verdict"] == C.FAIL and scored["live"]["item"] == entry
-    assert memorizer["verdict"] == C.PASS and "item" not in memorizer["live"]  # not modified
-    honest = _results({"a": C.PASS}, _live("m", _iv(.48, .45, .52)))
-    assert C.results_verdict(honest) == C.PASS
-    assert C.results_verdict(_results({"a": C.PASS}, [])) == C.INCONCLUSIVE
-
-
 def test_unmeasurable_cells_are_reported_never_counted():
     """Seed 1 of the task is unmeasurable: its item-4 fail and its item-10 fail decide nothing;
     the counts say 2 of 2 measurable seeds pass item 4 (1 not counted), and the same for 10."""

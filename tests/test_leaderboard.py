@@ -78,12 +78,6 @@ def trim_results(res: dict) -> dict:
                                                 "config", "fallbacks"))
     out["release"] = _pick(res["release"], ("id", "version", "manifest_sha256", "tasks"))
     out["suite"] = _pick(res["suite"], ("causal_score", "random_band", "tasks", "verdicts"))
-    if "live" in res:  # live draws: the suite of each draw, and item 11 where recorded
-        out["live"] = _pick(res["live"], ("family_version", "scale", "item"))
-        out["live"]["draws"] = [
-            dict(_pick(d, ("draw_id", "release", "verdict")),
-                 suite=_pick(d["suite"], ("causal_score", "tasks", "verdicts")))
-            for d in res["live"]["draws"]]
     out["tasks"] = {}
     for t, task in res["tasks"].items():
         sm = task["summary"]
@@ -335,78 +329,96 @@ def test_suite_row_and_band():
     assert suite_reference(res, TASKS)["random"]["band"] == {"lo": -0.5, "hi": 0.5}
 
 
-def add_live(res: dict, *draws: tuple[float, float, float]) -> dict:
-    """Give ``res`` a live block: one draw per ``(point, lo, hi)`` of the estimator's suite
-    causal score (draw ids 101, 102, ...)."""
-    est = res["estimator"]["name"]
-    res["live"] = {"family_version": "1", "scale": "micro-family", "draws": [
-        {"draw_id": 101 + i, "release": {"id": f"live-{101 + i}"},
-         "suite": {"causal_score": {est: {"point": p, "lo": lo, "hi": hi}}, "tasks": TASKS,
-                   "verdicts": dict.fromkeys(TASKS, "inconclusive")},
-         "verdict": "inconclusive"} for i, (p, lo, hi) in enumerate(draws)]}
-    return res
-
-
-def test_suite_row_live_score_and_item_11():
-    from benchmark import checklist as C
-
-    res = load_results("gas")
-    row = suite_row(_meta("gas", res), res, TASKS)
-    assert row["live"] is None and row["checklist"] == {"live": None}  # no live block
-    public = res["suite"]["causal_score"]["GAS"]
-    # one draw far below the public score: its own interval, item 11 fails
-    add_live(res, (0.01, -0.02, 0.05))
-    row = suite_row(_meta("gas", res), res, TASKS)
-    assert row["live"] == {"point": 0.01, "lo": -0.02, "hi": 0.05, "n_draws": 1,
-                           "draw_ids": [101]}
-    assert row["checklist"] == {"live": C.FAIL}
-    # two draws around the public score, half-widths 0.02 and 0.03: the mean, half-widths
-    # sqrt(.02^2 + .03^2) / 2 below and above; live - public is 0 [-0.068, 0.075]: a pass
-    p = public["point"]
-    add_live(res, (p - .01, p - .03, p + .01), (p + .01, p - .02, p + .04))
-    row = suite_row(_meta("gas", res), res, TASKS)
-    assert row["live"]["point"] == pytest.approx(p)
-    assert row["live"]["lo"] == pytest.approx(p - math.hypot(.02, .03) / 2)
-    assert row["live"]["hi"] == pytest.approx(p + math.hypot(.02, .03) / 2)
-    assert row["live"]["n_draws"] == 2 and row["checklist"] == {"live": C.PASS}
-    # a recorded item 11 is shown as recorded
-    res["live"]["item"] = C.live_entry(res) | {"verdict": C.INCONCLUSIVE}
-    assert suite_row(_meta("gas", res), res, TASKS)["checklist"] == {"live": C.INCONCLUSIVE}
-
-
-def test_live_column_in_markdown_json_and_html(tmp_path):
+def test_checks_column_in_markdown_json_and_html(tmp_path):
     root = tmp_path / "submissions"
-    gas = add_live(load_results("gas"), (0.41, 0.35, 0.47))
+    gas = load_results("gas")
     gas["checklist_counts"] = {"10": {"key": "causal", "pass": 9, "fail": 1, "inconclusive": 1,
                                       "not_counted": 1, "measurable": 11, "verdict": "fail"}}
     make_submission(root, "gas", gas)
-    make_submission(root, "c1-dot", load_results("c1-dot"))  # no live block
+    make_submission(root, "c1-dot", load_results("c1-dot"))
     generate(root, tmp_path / "lb")
     md = (tmp_path / "lb" / "README.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| rank")
                   and "suite causal score" in line)
     cols = [c.strip() for c in header.strip("|").split("|")]
-    assert cols[3:5] == ["suite causal score [95% CI]", "live [95% CI] (draws)"]
-    assert cols[-3:] == ["11", "checks (pass/measurable)", "verdict"]
+    assert cols[3] == "suite causal score [95% CI]" and "live [95% CI] (draws)" not in cols
+    assert cols[-2:] == ["checks (pass/measurable)", "verdict"]
     rows = {r[1].split("]")[0].strip("*["): r
             for r in _tables(md)["Suite: mean over tasks and seeds / Gradient track"]}
-    assert rows["gas"][4] == "0.410 [0.350, 0.470] (n=1)" and rows["gas"][-3] == "FAIL"
-    assert rows["c1-dot"][4] == "-" and rows["c1-dot"][-3] == "-"
     # the checks column: per item, pass / measurable places; its tooltip says it in words
-    assert rows["gas"][-2] == "10: 9/11" and rows["c1-dot"][-2] == "-"
-    assert rows["oracle (group labels)"][4] == ""  # reference rows have no live score
-    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
-    srows = {r["name"]: r for r in data["releases"][0]["suite"]["tracks"][0]["rows"]}
-    assert srows["gas"]["live"] == {"point": 0.41, "lo": 0.35, "hi": 0.47, "n_draws": 1,
-                                    "draw_ids": [101]}
-    assert srows["gas"]["checklist"] == {"live": "fail"}
-    assert srows["c1-dot"]["live"] is None and srows["c1-dot"]["checklist"] == {"live": None}
+    assert rows["gas"][-2] == "10: 9/11"
     html = (tmp_path / "lb" / "index.html").read_text()
     table = html.split('id="suite-tiny-gradient"')[1].split("</table>")[0]
     row = table.split('<tr data-name="gas">')[1].split("</tr>")[0]
-    assert 'title="live draws: 101"' in row and "(n=1)</span>" in row
     assert "item 10 (causal): 9 of 11 measurable places pass, 1 fail, 1 inconclusive (1 not " \
         "counted)" in row
+    assert "No season panel yet" in md  # without a panel: development scores only
+
+
+def _season_files(root: Path, names: list[str], ranked: list[str]) -> dict:
+    """A season panel of three draws whose results are each entry's public results (so its
+    panel score is its public score), with ``ranked`` frozen before the panel."""
+    from benchmark.contract import file_sha256
+    from benchmark.io import atomic_write_text, dumps_json
+    from benchmark.submissions.panel import PANEL_SCHEMA, panel_summary
+
+    season = "2026-12-07-abc123"
+    draws = [{"draw_id": d, "trajectory_sha256": f"{d:064x}", "reference": {"x": 0.0}}
+             for d in (11, 12, 13)]
+    panel = {"schema_version": PANEL_SCHEMA, "season": season,
+             "created_utc": "2026-12-07T06:00:00Z", "family_version": "2.0",
+             "scale": "micro-family", "draws": draws,
+             "entries": {n: {"estimator_sha256": json.loads((root / n / "results.json")
+                                                            .read_text())["estimator"]["sha256"],
+                             "frozen_utc": "2026-12-07T05:00:00Z"} for n in ranked}}
+    atomic_write_text(root / "_panel" / "panel.json", dumps_json(panel))
+    for n in names:
+        res = json.loads((root / n / "results.json").read_text())
+        recs = [{"draw_id": d["draw_id"], "trajectory_sha256": d["trajectory_sha256"],
+                 "results": res} for d in draws]
+        doc = {"schema_version": PANEL_SCHEMA, "season": season, "draws": recs,
+               "estimator_sha256": file_sha256(root / n / "estimator.py"),
+               "summary": panel_summary(res, recs, season)}
+        (root / n / "panel.json").write_text(json.dumps(doc))
+    return panel
+
+
+def test_the_season_table_ranks_by_the_panel_and_marks_provisional_entries(tmp_path):
+    root = tmp_path / "submissions"
+    for name in ("gas", "c1-dot", "norm-only"):
+        make_submission(root, name, load_results(name))
+    _season_files(root, ["gas", "c1-dot", "norm-only"], ranked=["gas", "c1-dot"])
+    generate(root, tmp_path / "lb")
+    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
+    season = data["season"]
+    assert season["season"] == "2026-12-07-abc123"
+    assert [d["draw_id"] for d in season["draws"]] == [11, 12, 13]
+    (table,) = season["tracks"]
+    rows = {r["name"]: r for r in table["rows"]}
+    assert rows["norm-only"]["status"] == "provisional" and rows["gas"]["status"] == "ranked"
+    # every draw holds the public results: the panel score is the public score
+    for r in rows.values():
+        assert r["panel_score"]["point"] == pytest.approx(r["public"]["point"], abs=1e-9)
+        assert set(r["per_draw"]) == {"11", "12", "13"}
+    # ranks come from the ranked entries only; the provisional one shows the rank it would get
+    ranked = [r["name"] for r in table["rows"] if r["status"] == "ranked"]
+    assert ranked == sorted(ranked, key=lambda n: rows[n]["rank"])
+    assert table["rows"][-1]["name"] == "norm-only"  # provisional rows come last
+    md = (tmp_path / "lb" / "README.md").read_text()
+    assert "## Season `2026-12-07-abc123`: the ranking" in md
+    line = next(x for x in md.splitlines() if x.startswith("| (") and "norm-only" in x)
+    assert "provisional" in line
+    assert "Ranks from the public release to the panel" in md
+    assert (tmp_path / "lb" / "figures" / "season" / "gradient.png").read_bytes()[:4] == \
+        b"\x89PNG"
+    html = (tmp_path / "lb" / "index.html").read_text()
+    assert 'id="season-gradient"' in html and "provisional" in html
+    # a panel.json of another season is refused, naming the fix
+    doc = json.loads((root / "gas" / "panel.json").read_text())
+    doc["season"] = "2026-11-01-ffffff"
+    (root / "gas" / "panel.json").write_text(json.dumps(doc))
+    with pytest.raises(LeaderboardError, match="bt-bench panel score gas"):
+        generate(root, tmp_path / "lb2")
 
 
 def test_fallbacks_default_to_none_and_are_validated():
@@ -1061,10 +1073,10 @@ def test_new_submission_appears_in_markdown_json_html_and_figures(micro_release,
     est.write_text(NEW_ESTIMATOR)
     subs = tmp_path / "submissions"
     submit(ROOT / "estimators" / "gas.py", "gas", ["bt-bench"], release=micro_release,
-           submissions_dir=subs, progress=False, live=False)
+           submissions_dir=subs, progress=False, panel=False)
     rc = main(["submit", str(est), "--name", "early-cosine", "--authors", "New Person",
                "--release", str(micro_release), "--submissions-dir", str(subs), "--no-progress",
-               "--no-live"])
+               "--no-panel"])
     assert rc == 0
     out = tmp_path / "leaderboard"
     assert main(["leaderboard", "--submissions-dir", str(subs), "--out", str(out)]) == 0

@@ -1,10 +1,10 @@
-"""Live draws (issue 23) at the micro-family scale: the cached build, evaluate --live, submit's
-live block, verify's re-scoring and live check, and the gate and suite margin as pure functions."""
+"""Live draws (issue 23) at the micro-family scale: the cached build, evaluate --live, verify's
+live check (the fresh-draw gate), and the gate and suite margin as pure functions. The season
+panel's draws are live draws too: tests/test_panel.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -135,10 +135,11 @@ def test_live_release_is_a_release_with_a_lean_reference(live5):
 def test_same_id_reuses_the_cache_and_rebuilds_the_same_run(live5, monkeypatch, tmp_path):
     import shutil
 
+    from benchmark.build.trajectory import trajectory_sha256
     from benchmark.releases.release import MANIFEST
 
     sha = _sha(live5 / MANIFEST)
-    run = L.run_sha256(json.loads((live5 / MANIFEST).read_text()))
+    run = trajectory_sha256(live5)
 
     def no_build(*a, **k):
         raise AssertionError("a cached draw was rebuilt")
@@ -161,7 +162,9 @@ def test_same_id_reuses_the_cache_and_rebuilds_the_same_run(live5, monkeypatch, 
         stale.mkdir()
         assert L.live_release(DRAW, SCALE, progress=False) == live5
         assert _sha(live5 / MANIFEST) == sha
-        assert L.run_sha256(json.loads((live5 / MANIFEST).read_text())) == run
+        assert trajectory_sha256(live5) == run
+        assert json.loads((live5 / MANIFEST).read_text())["build"]["family"][
+            "trajectory_sha256"] == run
         assert not stale.exists()
     finally:  # put the first build back (the replay store is keyed by its manifest)
         shutil.rmtree(live5)
@@ -214,112 +217,6 @@ def test_evaluate_live_is_evaluate_on_the_draws_release(live5, tmp_path):
     assert main(["evaluate", str(GAS), "--live", "5", "--release", "tiny"]) == 2
 
 
-@pytest.fixture(scope="module")
-def live_sub(micro_causal, live5, tmp_path_factory) -> Path:
-    """GAS submitted through the CLI on the micro release with live draw 5 pinned."""
-    root = tmp_path_factory.mktemp("live_subs") / "submissions"
-    assert main(["submit", str(GAS), "--name", "gas", "--authors", "A", "--release",
-                 str(micro_causal), "--submissions-dir", str(root), "--no-progress",
-                 "--live-draw", str(DRAW), "--live-scale", SCALE]) == 0
-    return root / "gas"
-
-
-def test_submit_records_the_live_draw(live_sub, live5):
-    from benchmark.build.family import FAMILY_VERSION
-    from benchmark.releases.release import MANIFEST
-
-    res = json.loads((live_sub / "results.json").read_text())
-    rec = res["live"]
-    assert (rec["family_version"], rec["scale"]) == (FAMILY_VERSION, SCALE)
-    (d,) = rec["draws"]
-    assert set(d) == {"draw_id", "run_sha256", "release", "suite", "verdict"}
-    assert d["draw_id"] == DRAW and d["release"]["id"] == f"{SCALE}-draw{DRAW}"
-    assert d["release"]["manifest_sha256"] == _sha(live5 / MANIFEST)
-    assert d["run_sha256"] == L.run_sha256(json.loads((live5 / MANIFEST).read_text()))
-    assert res["estimator"]["name"] in d["suite"]["causal_score"]
-    assert "vs_random" in d["suite"] and "vs_random" in res["suite"]
-    assert d["verdict"] in ("pass", "fail", "inconclusive")
-    # checklist item 11 is recorded from these numbers and counts in the overall verdict
-    from benchmark.checklist import live_item, results_verdict
-
-    item = rec["item"]
-    assert (item["item"], item["key"]) == (11, "live")
-    want = live_item(res["suite"], rec["draws"], res["estimator"]["name"])
-    assert item["verdict"] == want["verdict"]
-    assert res["verdict"] == results_verdict(res)
-
-
-def test_verify_rescores_the_recorded_draw_and_runs_the_live_check(live_sub, micro_causal,
-                                                                  capsys):
-    from benchmark.evaluate import evaluate
-    from benchmark.submissions import verify_submission
-
-    os.environ.pop(L.LIVE_DRAW_ENV, None)
-    rc = main(["verify", str(live_sub), "--release", str(micro_causal), "--no-progress",
-               "--live-draw", "6", "--live-scale", SCALE])
-    out = capsys.readouterr().out
-    assert out.startswith("live check: every entry is also scored on live draw 6 "
-                          "(micro-family; --live-draw)")
-    # the public numbers and the recorded draw 5 are reproduced: nothing differs
-    assert "differ" not in out and "note" not in out, out
-    # the live check's verdict is live_gate's on the public suite and draw 6's
-    res = json.loads((live_sub / "results.json").read_text())
-    est = res["estimator"]["name"]
-    live6 = evaluate(GAS, L.live_dir(6, SCALE), progress=False)
-    ok, reason = L.live_gate(res["suite"], live6["suite"], est, CROSS_MACHINE_TOLERANCE)
-    verdict = "ok" if ok else "FAILED"
-    assert f"live check on draw 6 (micro-family): {verdict}: {reason}" in out
-    assert rc == (0 if ok else 1)
-    if not ok:
-        assert (f"reproduce: bt-bench verify {live_sub} --live-draw 6 --live-scale micro-family"
-                in out)
-    # an edited live number is found like any other (no live check here)
-    import shutil
-
-    res["live"]["draws"][0]["suite"]["causal_score"][est]["point"] += 0.5
-    edited = live_sub.parent.parent / "edited" / "gas"
-    shutil.copytree(live_sub, edited)
-    (edited / "results.json").write_text(json.dumps(res))
-    bad = verify_submission(edited, micro_causal, progress=False)
-    assert bad.live_check is None
-    assert [d.path for d in bad.drifts] == [f"live.draws.0.suite.causal_score.{est}.point"]
-    print(out)
-
-
-def test_verify_derives_item_11_from_a_draw_this_machine_trains_as_another_run(
-        live_sub, micro_causal):
-    """Another CPU or another torch/transformers trains another run from a recorded draw id:
-    that draw's numbers are a note, item 11 and the verdict are derived from the recorded
-    draw (still compared), so the committed item must follow from the committed draws."""
-    import shutil
-
-    from benchmark.checklist import with_live_item
-    from benchmark.submissions import verify_submission
-
-    res = json.loads((live_sub / "results.json").read_text())
-    est = res["estimator"]["name"]
-    # the committed draw as "another machine" recorded it: another run, far lower numbers, and
-    # the item 11 and verdict that follow from them (a consistent committed file)
-    d = res["live"]["draws"][0]
-    d["run_sha256"] = "0" * 64
-    for k in ("point", "lo", "hi"):
-        d["suite"]["causal_score"][est][k] -= 1.0
-    res = with_live_item({k: v for k, v in res.items()})
-    assert res["live"]["item"]["verdict"] == "fail"  # 1.0 below the public score
-    other = live_sub.parent.parent / "other_run" / "gas"
-    shutil.copytree(live_sub, other)
-    (other / "results.json").write_text(json.dumps(res))
-    report = verify_submission(other, micro_causal, progress=False)
-    assert report.ok, report.format()
-    (note,) = report.ignored
-    assert note.path.startswith("live.draws.0.run_sha256 (this machine trained another run")
-    # an item 11 that does not follow from the committed draws is found
-    res["live"]["item"]["numbers"]["live"]["point"] += 0.5
-    (other / "results.json").write_text(json.dumps(res))
-    bad = verify_submission(other, micro_causal, progress=False)
-    assert [x.path for x in bad.drifts] == ["live.item.numbers.live.point"]
-
-
 MEMORIZER = """
 import numpy as np
 
@@ -339,7 +236,7 @@ class Memorizer(BaseEstimator):
 """
 
 
-def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro_causal,
+def test_verify_fails_an_entry_that_memorized_the_public_answers(micro_causal, live5,
                                                                 tmp_path, monkeypatch):
     """An entry that returns answers memorized from the public release (here GAS's own rollout
     scores there; the micro release's group labels score below its random band) keeps its
@@ -357,7 +254,7 @@ def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro
     est = tmp_path / "memorizer.py"
     est.write_text(MEMORIZER.format(scores=scores))
     sub = submit(est, "memorizer", ["A"], release=micro_causal,
-                 submissions_dir=tmp_path / "submissions", progress=False, live=False)
+                 submissions_dir=tmp_path / "submissions", progress=False)
     report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
     assert not report.drifts and report.error is None and not report.ok
     lc = report.live_check
@@ -369,22 +266,22 @@ def test_verify_fails_an_entry_that_memorized_the_public_answers(live_sub, micro
 
     # the same file as an attack control (estimators/controls/attacks/): being caught is the
     # expected outcome, so verify passes it, and would fail it if the check let it through
-    import benchmark.submissions as S
+    import benchmark.submissions.files as F
+    import benchmark.submissions.gate as G
 
     attacks = tmp_path / "attacks"
     attacks.mkdir()
     (attacks / "memorizer.py").write_bytes(est.read_bytes())
-    monkeypatch.setattr(S, "ATTACK_CONTROLS_DIR", attacks)
+    monkeypatch.setattr(F, "ATTACK_CONTROLS_DIR", attacks)
     sub = submit(est, "memorizer", ["A"], release=micro_causal,
-                 submissions_dir=tmp_path / "attack-submissions", progress=False, live=False,
-                 force=True)
+                 submissions_dir=tmp_path / "attack-submissions", progress=False, force=True)
     assert "kind: control" in (sub / "submission.yaml").read_text()
     report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
     lc = report.live_check
     assert report.ok and lc["ok"] is True and lc["expected"] == "fail"
     assert lc["reason"].startswith("attack control, caught as expected")
     # a control that is not an attack control (the evaluator's own) is shown, not gated
-    monkeypatch.setattr(S, "_is_attack_control", lambda sub: False)
+    monkeypatch.setattr(G, "_is_attack_control", lambda sub: False)
     report = verify_submission(sub, micro_causal, progress=False, live_draw=6, live_scale=SCALE)
     lc = report.live_check
     assert report.ok and lc["ok"] is True and lc["gated"] is False

@@ -7,6 +7,7 @@ installs a real wheel from PyPI and skips when PyPI cannot be reached.
 from __future__ import annotations
 
 import hashlib
+import json
 import site
 import sys
 import urllib.request
@@ -336,8 +337,15 @@ def _submission(tmp_path: Path, requirements: list[str] | None = None):
     if requirements:
         meta["requirements"] = requirements
     (d / "submission.yaml").write_text(yaml.safe_dump(meta))
-    (d / "results.json").write_text('{"estimator": {"track": "open"}}')
+    (d / "results.json").write_text(json.dumps(MINIMAL_RESULTS))
     return load_submission(d)
+
+
+#: the smallest results.json that load_submission accepts (benchmark.results_schema)
+MINIMAL_RESULTS = {"schema_version": 3, "suite": {}, "verdict": "fail", "tasks": {},
+                   "release": {"id": "tiny", "manifest_sha256": "a" * 64, "tasks": []},
+                   "estimator": {"track": "open", "name": "demo", "class": "Demo",
+                                 "sha256": "0" * 64, "tasks": ["rollouts"]}}
 
 
 def test_verify_advice_for_a_missing_module_is_to_declare_it(tmp_path):
@@ -366,8 +374,6 @@ def test_verify_reports_an_uninstallable_requirement_with_its_fix(tmp_path, monk
     monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: the pin exists nowhere
     sub = _submission(tmp_path, ["btb-fixture-absent==1.0"])
-    (sub.path / "results.json").write_text(
-        '{"estimator": {"track": "open", "sha256": "0"}, "release": {"id": "tiny"}}')
     envs: dict = {}
     report = verify_submission(sub.path, progress=False, envs=envs)
     assert not report.ok

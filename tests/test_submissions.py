@@ -36,10 +36,10 @@ def subs(micro_causal, tmp_path_factory) -> Path:
     rc = main(["submit", str(EXAMPLE), "--name", "in-context-cosine", "--authors", "Ada Lovelace",
                "Alan Turing", "--link", "https://example.org/paper", "--description",
                "cosine with the in-context target", "--release", str(micro_causal),
-               "--submissions-dir", str(root), "--no-progress", "--no-live"])
+               "--submissions-dir", str(root), "--no-progress", "--no-panel"])
     assert rc == 0
     submit(ROOT / "estimators" / "controls" / "random.py", "random", ["bt-bench"],
-           release=micro_causal, submissions_dir=root, progress=False, live=False)
+           release=micro_causal, submissions_dir=root, progress=False)
     return root
 
 
@@ -59,9 +59,17 @@ def test_submit_writes_the_three_files(subs):
                                                      "submission.yaml"]
     assert (sub / "estimator.py").read_bytes() == EXAMPLE.read_bytes()
     meta = yaml.safe_load((sub / "submission.yaml").read_text())
+    frozen = meta.pop("frozen")  # the file's sha256 and the UTC time it was frozen (seasons)
     assert meta == {"name": "in-context-cosine", "authors": ["Ada Lovelace", "Alan Turing"],
                     "track": "gradient", "kind": "estimator", "link": "https://example.org/paper",
                     "description": "cosine with the in-context target"}
+    import hashlib
+    from datetime import UTC, datetime, timedelta
+
+    assert frozen["sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
+    when = datetime.strptime(frozen["utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert timedelta(0) <= datetime.now(UTC) - when < timedelta(hours=1)
+    meta["frozen"] = frozen
     assert list(meta) == [k for k in ALLOWED_KEYS if k in meta]
     results = json.loads((sub / "results.json").read_text())
     assert results["estimator"]["name"] == "in-context-cosine"
@@ -82,10 +90,10 @@ def test_submit_refuses_to_overwrite_without_force(subs, micro_release):
 def test_submit_force_replaces(micro_release, tmp_path):
     root = tmp_path / "submissions"
     first = submit(EXAMPLE, "mine", ["A"], release=micro_release, submissions_dir=root,
-                   progress=False, live=False)
+                   progress=False)
     (first / "stray.txt").write_text("left over")
     submit(EXAMPLE, "mine", ["B"], release=micro_release, submissions_dir=root, force=True,
-           progress=False, live=False)
+           progress=False)
     assert load_submission(root / "mine").meta["authors"] == ["B"]
     assert not (root / "mine" / "stray.txt").exists()
     assert [p.name for p in root.iterdir()] == ["mine"]
@@ -203,8 +211,11 @@ def test_load_submission_refuses_control_characters_in_results(tmp_path, edit, m
     sub.mkdir()
     (sub / "estimator.py").write_text("x = 1\n")
     (sub / "submission.yaml").write_text(yaml.safe_dump({**GOOD, "name": "mine"}))
-    results = {"estimator": {"track": "gradient", "name": "mine"}, "verdict": "fail",
-               "tasks": {"t": {"checklist": []}}}
+    results = {"schema_version": 3, "suite": {}, "verdict": "fail",
+               "release": {"id": "tiny", "manifest_sha256": "a" * 64, "tasks": ["t"]},
+               "estimator": {"track": "gradient", "name": "mine", "class": "Mine",
+                             "sha256": "b" * 64, "tasks": ["rollouts"]},
+               "tasks": {"t": {"checklist": [], "verdict": "fail"}}}
     (sub / "results.json").write_text(json.dumps(results))
     assert load_submission(sub).results == results
     edit(results)

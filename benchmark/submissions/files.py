@@ -142,17 +142,65 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
 
 def _frozen(value: object, where: str) -> dict[str, str]:
     """``frozen: {sha256, utc}`` (written by ``submit``): the file's sha256 and when it froze."""
-    from benchmark.submissions.panel import PanelError, _sha, _utc
-
     if not isinstance(value, dict) or set(value) != {"sha256", "utc"}:
         raise SubmissionError(
             f"{where}: frozen must be {{sha256: <64 hex>, utc: YYYY-MM-DDTHH:MM:SSZ}} as bt-bench "
             "submit writes it; re-submit with bt-bench submit FILE --name NAME --force.")
-    try:
-        return {"sha256": _sha(value["sha256"], f"{where}: frozen.sha256"),
-                "utc": _utc(value["utc"], f"{where}: frozen.utc")}
-    except PanelError as exc:
-        raise SubmissionError(str(exc)) from None
+    return {"sha256": check_sha256(value["sha256"], f"{where}: frozen.sha256"),
+            "utc": check_utc(value["utc"], f"{where}: frozen.utc")}
+
+
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def check_utc(text: object, where: str, error: type[BenchmarkError] = SubmissionError) -> str:
+    """``text`` when it is a UTC time ``YYYY-MM-DDTHH:MM:SSZ`` (as bt-bench writes it).
+
+    Raises:
+        ``error``: naming ``where``, the value and the expected form.
+    """
+    from datetime import datetime
+
+    if isinstance(text, str) and len(text) == 20 and text.endswith("Z"):
+        try:
+            datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+            return text
+        except ValueError:
+            pass
+    raise error(f"{where}: {str(text)[:40]!r} is not a UTC time; expected YYYY-MM-DDTHH:MM:SSZ "
+                "(written by bt-bench submit / panel new)")
+
+
+def check_sha256(text: object, where: str, error: type[BenchmarkError] = SubmissionError) -> str:
+    """``text`` when it is a sha256 in lowercase hex.
+
+    Raises:
+        ``error``: naming ``where``, the value and the expected form.
+    """
+    if not isinstance(text, str) or len(text) != 64 or not set(text) <= _HEX64:
+        raise error(f"{where}: {str(text)[:80]!r} is not a sha256; expected 64 lowercase hex "
+                    "digits")
+    return text
+
+
+def submission_env(sub: Submission, envs: dict):
+    """The installed environment of ``sub``'s requirements.
+
+    None without requirements, else the environment, or the :class:`RequirementError` its
+    installation raised (cached in ``envs``, ``tuple(pins) -> environment or error``, so each
+    distinct set is installed once).
+    """
+    from benchmark.sandbox.requirements import ensure_env
+
+    pins = tuple(sub.meta.get("requirements", ()))
+    if not pins:
+        return None
+    if pins not in envs:
+        try:
+            envs[pins] = ensure_env(pins, where=str(sub.path / METADATA_FILE))
+        except RequirementError as exc:
+            envs[pins] = exc
+    return envs[pins]
 
 
 def _plain_text(text: str, what: str, expected: str,
@@ -263,8 +311,8 @@ def load_submission(path: str | Path) -> Submission:
             f"{p / RESULTS_FILE}: not a bt-bench results file (no 'estimator' key); regenerate "
             "it with bt-bench submit --force."
         )
-    check_results_document(results, str(p / RESULTS_FILE))  # before anything indexes into it
     check_results_text(results, str(p / RESULTS_FILE))
+    check_results_document(results, str(p / RESULTS_FILE))  # before anything indexes into it
     recorded = results["estimator"].get("track")
     if recorded != meta["track"]:
         raise SubmissionError(

@@ -118,22 +118,15 @@ ROTATION = ("a maintainer runs `bt-bench panel new` once a month (and whenever t
 
 
 def _utc(text: object, where: str) -> str:
-    if not isinstance(text, str) or len(text) != 20 or not text.endswith("Z"):
-        raise PanelError(f"{where}: {text!r} is not a UTC time; expected YYYY-MM-DDTHH:MM:SSZ "
-                         "(written by bt-bench panel new / submit)")
-    try:
-        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        raise PanelError(f"{where}: {text!r} is not a valid UTC time (YYYY-MM-DDTHH:MM:SSZ)") \
-            from None
-    return text
+    from benchmark.submissions.files import check_utc
+
+    return check_utc(text, where, PanelError)
 
 
 def _sha(text: object, where: str) -> str:
-    if not isinstance(text, str) or len(text) != 64 or not set(text) <= _HEX64:
-        raise PanelError(f"{where}: {str(text)[:80]!r} is not a sha256; expected 64 lowercase "
-                         "hex digits")
-    return text
+    from benchmark.submissions.files import check_sha256
+
+    return check_sha256(text, where, PanelError)
 
 
 def check_panel(doc: object, where: str) -> Panel:
@@ -521,8 +514,7 @@ def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DR
     from benchmark.io import atomic_write_text, dumps_json
     from benchmark.sandbox.isolation import Limits
     from benchmark.sandbox.layers import require_sandbox
-    from benchmark.submissions.files import find_submissions, load_submission
-    from benchmark.submissions.verify import _submission_env
+    from benchmark.submissions.files import find_submissions, load_submission, submission_env
 
     if not MIN_DRAWS <= int(n_draws) <= MAX_DRAWS:
         raise PanelError(f"--draws {n_draws}: a panel has {MIN_DRAWS}-{MAX_DRAWS} draws")
@@ -565,12 +557,9 @@ def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DR
     envs: dict = {}
     for sub in subs:
         print(f"season {season}: scoring {sub.name} on {len(ids)} draws", flush=True)
-        from benchmark.submissions.verify import VerifyReport
-
-        report = VerifyReport(sub.path)
-        env = _submission_env(sub, envs, report)
-        if report.error:
-            raise PanelError(f"{sub.path}: {report.error}")
+        env = submission_env(sub, envs)
+        if isinstance(env, BenchmarkError):
+            raise PanelError(f"{sub.path}: requirements could not be installed: {env}")
         doc = score_entry(sub.estimator_file, sub.results, panel, progress, isolation=limits,
                           env=env)
         write_entry(sub.path, doc)
@@ -594,8 +583,7 @@ def score_entries(submissions_dir: str | Path, names: list[str], progress: bool 
     """
     from benchmark.sandbox.isolation import Limits
     from benchmark.sandbox.layers import require_sandbox
-    from benchmark.submissions.files import load_submission
-    from benchmark.submissions.verify import VerifyReport, _submission_env
+    from benchmark.submissions.files import load_submission, submission_env
 
     require_sandbox("bt-bench panel score")
     panel = load_panel(submissions_dir)
@@ -607,10 +595,9 @@ def score_entries(submissions_dir: str | Path, names: list[str], progress: bool 
     out = []
     for name in names:
         sub = load_submission(Path(submissions_dir) / name)
-        report = VerifyReport(sub.path)
-        env = _submission_env(sub, envs, report)
-        if report.error:
-            raise PanelError(f"{sub.path}: {report.error}")
+        env = submission_env(sub, envs)
+        if isinstance(env, BenchmarkError):
+            raise PanelError(f"{sub.path}: requirements could not be installed: {env}")
         write_entry(sub.path, score_entry(sub.estimator_file, sub.results, panel, progress,
                                           isolation=limits, env=env))
         out.append(sub.path / PANEL_FILE)

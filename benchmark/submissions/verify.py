@@ -36,6 +36,7 @@ from benchmark.submissions.files import (
     SubmissionError,
     find_submissions,
     load_submission,
+    submission_env,
 )
 from benchmark.submissions.panel import (
     MACHINE_LEAVES,
@@ -253,17 +254,7 @@ def _verify_panel(sub: Submission, panel: Panel, committed: dict, progress: bool
 
 def _submission_env(sub: Submission, envs: dict, report: VerifyReport):
     """The installed environment of ``sub``'s requirements (None without); errors go to report."""
-    from benchmark.sandbox.requirements import ensure_env
-
-    pins = tuple(sub.meta.get("requirements", ()))
-    if not pins:
-        return None
-    if pins not in envs:
-        try:
-            envs[pins] = ensure_env(pins, where=str(sub.path / METADATA_FILE))
-        except RequirementError as exc:
-            envs[pins] = exc
-    env = envs[pins]
+    env = submission_env(sub, envs)
     if isinstance(env, RequirementError):
         report.error = f"requirements could not be installed: {env}"
         report.fix = (f"correct requirements: in {sub.path / METADATA_FILE} as the message says, "
