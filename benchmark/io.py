@@ -253,8 +253,10 @@ def load_plain(path: str | os.PathLike[str], fix: str) -> Any:
     p = Path(path)
     try:
         numeric = [type(np.dtype(c)) for c in "?bBhHiIlLqQefd"]  # never the object dtype
+        # bytes: protocol-2 pickles write an empty array's data as GLOBAL bytes (a pure
+        # constructor: bytes() of nothing); nothing else outside numpy's numeric arrays
         with torch.serialization.safe_globals([core.multiarray._reconstruct, np.ndarray,
-                                               np.dtype, *numeric]):
+                                               np.dtype, bytes, *numeric]):
             obj = torch.load(p, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - whatever a crafted file provokes is refused
         why = _torch_load_reason(str(exc))

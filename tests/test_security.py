@@ -297,3 +297,21 @@ def test_check_draw_id_accepts_ascii_digits(good, value):
     from benchmark.live import check_draw_id
 
     assert check_draw_id(good) == value
+
+
+def test_load_plain_reads_an_empty_array(tmp_path):
+    """A build shard holds empty arrays (a step with no captured gradient); protocol-2 pickles
+    write their data as GLOBAL bytes, a pure constructor that must be admitted (the float64
+    family build failed on it at its first fidelity step)."""
+    import io
+
+    import numpy as np
+    import torch
+
+    from benchmark.io import load_plain
+
+    buf = io.BytesIO()
+    torch.save({"exact": np.zeros((0, 5), np.float64), "rows": [1]}, buf)
+    (tmp_path / "s.pt").write_bytes(buf.getvalue())
+    got = load_plain(tmp_path / "s.pt", "delete it")
+    assert got["exact"].shape == (0, 5) and got["rows"] == [1]

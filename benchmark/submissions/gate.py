@@ -15,7 +15,7 @@ from benchmark.submissions.files import Submission, _is_attack_file
 
 #: attack controls (submission name) and the entry each is built on: on the season panel an
 #: attack must rank no higher than its base (:func:`attack_panel_checks`)
-ATTACK_BASES = {"public-tuned-tracincp": "tracincp", "label-first-tracincp": "tracincp"}
+ATTACK_BASES = {"public-tuned-tracincp": "tracincp", "label-first": "tracincp"}
 
 
 def _is_attack_control(sub: Submission) -> bool:
@@ -37,6 +37,15 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
         f" --live-scale {scale}" if scale != live.LIVE_SCALE else "")
     check = {"draw_id": int(draw_id), "scale": scale, "reproduce": cmd}
     est = fresh["estimator"]["name"]
+    answer_key = _is_attack_control(sub) and Path(sub.path).name not in ATTACK_BASES
+    if sub.meta.get("kind") == "control" and not _is_attack_control(sub):
+        # the evaluator's own controls are trusted reference methods, re-scored from
+        # estimators/controls on the public release and every panel draw: the gate has nothing
+        # to catch in them, so they are not scored on its draw (it keeps CI short)
+        report.live_check = check | {"ok": True, "gated": False,
+                                     "reason": "control, not gated (trusted code, scored on the "
+                                               "public release and every panel draw)"}
+        return
     try:
         rec = live.score_live(sub.estimator_file, draw_id, scale, progress, isolation=limits,
                               env=env)
@@ -45,9 +54,11 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
                                      "reason": f"{est}: scoring on the live draw failed: {exc}"}
         return
     ok, reason = live.live_gate(fresh["suite"], rec["suite"], est, CROSS_MACHINE_TOLERANCE)
-    if _is_attack_control(sub):
-        # an attack control (e.g. the memorizer) exists to be caught: verify fails it when the
-        # live check lets it through, so the mechanism proves itself on every run
+    if answer_key:
+        # an answer-key attack control (the memorizer: no method behind it) exists to be caught:
+        # verify fails it when the live check lets it through, so the mechanism proves itself on
+        # every run; an attack built on a method (ATTACK_BASES) is that method on this draw and
+        # is gated like an entry, its rank checked on the panel (attack_panel_checks)
         report.live_check = check | {
             "ok": not ok, "expected": "fail",
             "reason": ("attack control, caught as expected: " + reason) if not ok else
@@ -56,20 +67,11 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
             report.fix = ("the live check no longer tells this answer key from a method: see "
                           "docs/evaluation.md (Live draws) before changing benchmark/live.py.")
         return
-    if sub.meta.get("kind") == "control":
-        # the evaluator's own controls are trusted reference methods, re-scored from
-        # estimators/controls: their live numbers are shown, a weak one at the band's edge on
-        # some draw is not a failed submission
-        report.live_check = check | {"ok": True, "gated": False,
-                                     "reason": "control, shown and not gated: " + reason}
-        return
     report.live_check = check | {"ok": ok, "reason": reason}
     if not ok and report.fix is None:
         report.fix = ("the entry's public score does not carry over to a run it has not seen: "
                       "run the reproduce command, and make the estimator attribute from the run "
                       "it is given (public labels or references do not transfer).")
-
-
 
 
 def attack_panel_checks(reports: list, panel) -> None:
