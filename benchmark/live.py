@@ -137,7 +137,7 @@ def cached_release(draw_id: int, scale: str = LIVE_SCALE) -> Path | None:
 
 
 def live_release(draw_id: int, scale: str = LIVE_SCALE, progress: bool = True,
-                 workers: int = 2) -> Path:
+                 workers: int = 2, pin: dict | None = None) -> Path:
     """The release folder of live draw ``draw_id`` at ``scale``, built here if not cached.
 
     A cached folder is reused when :func:`cached_release` accepts it (one that does not is
@@ -152,6 +152,9 @@ def live_release(draw_id: int, scale: str = LIVE_SCALE, progress: bool = True,
         scale: a family run scale (``"family"``, or ``"micro-family"`` in tests).
         progress: show tqdm progress bars.
         workers: replay processes for the causal reference.
+        pin: ``{"redraw", "sft_checkpoint"}``: build that attempt from that post-SFT checkpoint
+            (a season panel's draw, :func:`benchmark.build.family.build_draw`); a cached
+            release is still taken as it is (the panel checks it).
 
     Returns:
         The release folder (``live_dir(draw_id, scale)``).
@@ -175,7 +178,7 @@ def live_release(draw_id: int, scale: str = LIVE_SCALE, progress: bool = True,
         shutil.rmtree(final)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        timings = _build(draw_id, scale, tmp, progress, workers)
+        timings = _build(draw_id, scale, tmp, progress, workers, pin)
         _json_dump(tmp / LIVE_FILE, timings)
         try:
             os.rename(tmp, final)
@@ -189,7 +192,8 @@ def live_release(draw_id: int, scale: str = LIVE_SCALE, progress: bool = True,
     return final
 
 
-def _build(draw_id: int, scale: str, out: Path, progress: bool, workers: int) -> dict:
+def _build(draw_id: int, scale: str, out: Path, progress: bool, workers: int,
+           pin: dict | None = None) -> dict:
     """Build the draw and its lean reference into ``out``; return the phases' times (s)."""
     from tqdm import tqdm
 
@@ -199,7 +203,7 @@ def _build(draw_id: int, scale: str, out: Path, progress: bool, workers: int) ->
 
     bar = tqdm(total=3, desc=f"live draw {draw_id} ({scale})", disable=not progress, leave=False)
     t0 = time.perf_counter()
-    manifest = build_draw(draw_id, out, scale=scale, progress=progress)
+    manifest = build_draw(draw_id, out, scale=scale, progress=progress, pin=pin)
     t_build = time.perf_counter() - t0
     bar.update(1)
     rel = load_release(out)

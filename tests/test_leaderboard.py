@@ -363,8 +363,8 @@ def _season_files(root: Path, names: list[str], ranked: list[str]) -> dict:
     from benchmark.submissions.panel import PANEL_SCHEMA, panel_summary
 
     season = "2026-12-07-abc123"
-    draws = [{"draw_id": d, "trajectory_sha256": f"{d:064x}", "reference": {"x": 0.0}}
-             for d in (11, 12, 13)]
+    draws = [{"draw_id": d, "redraw": 0, "sft_sha256": "c" * 64,
+              "trajectory_sha256": f"{d:064x}", "reference": {"x": 0.0}} for d in (11, 12, 13)]
     panel = {"schema_version": PANEL_SCHEMA, "season": season,
              "created_utc": "2026-12-07T06:00:00Z", "family_version": "2.0",
              "scale": "micro-family", "draws": draws,

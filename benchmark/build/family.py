@@ -195,14 +195,16 @@ def draw_config(draw_id: int, redraw: int = 0, scale: str = "family") -> BuildCo
 
 def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws: int = 4,
                progress: bool = True, keep_work: bool = False, release_id: str | None = None,
-               overrides: dict | None = None) -> dict:
+               overrides: dict | None = None, pin: dict | None = None) -> dict:
     """Build draw ``draw_id`` into ``out`` (one seed) and write the manifest; return it.
 
     A draw whose build fails a gate is redrawn (``redraw`` 1, 2, ... up to ``max_redraws``); each
     failed attempt's folders are removed and its message kept. The manifest's ``build.family``
-    holds ``{"version", "draw_id", "redraws", "failed": [messages]}``; the config's ``family``
-    names the attempt that passed. ``overrides`` replaces config fields (tests). Raises
-    BuildError when every attempt fails.
+    holds ``{"version", "draw_id", "redraws", "failed": [messages], "trajectory_sha256",
+    "sft_sha256"}`` (the post-SFT checkpoint's ``model.safetensors``); the config's ``family``
+    names the attempt that passed. ``overrides`` replaces config fields (tests). ``pin``
+    (``{"redraw", "sft_checkpoint"}``, a season panel's record): build only that attempt, from
+    that post-SFT checkpoint instead of training SFT. Raises BuildError when every attempt fails.
     """
     from benchmark.build.seeds import build_config, write_release_manifest
 
@@ -210,7 +212,8 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
     out.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
     t0 = time.perf_counter()
-    for redraw in range(max_redraws + 1):
+    attempts = range(max_redraws + 1) if pin is None else [int(pin["redraw"])]
+    for redraw in attempts:
         cfg = draw_config(draw_id, redraw, scale)
         for k, v in (overrides or {}).items():
             if not hasattr(cfg, k):
@@ -218,7 +221,8 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
             setattr(cfg, k, v)
         cfg.validate()
         try:
-            build_config(cfg, out, progress=progress)
+            build_config(cfg, out, progress=progress,
+                         sft_checkpoint=None if pin is None else Path(pin["sft_checkpoint"]))
         except BuildError as exc:
             if "gate failed" not in str(exc):
                 raise
@@ -228,6 +232,8 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
             continue
         family = {"version": FAMILY_VERSION, "draw_id": int(draw_id), "redraws": redraw,
                   "failed": failed, "scale": scale, "trajectory_sha256": trajectory_sha256(out),
+                  "sft_sha256": _file_sha256(out / f"seed{cfg.seed}" / "checkpoints" / "step0000"
+                                             / "model.safetensors"),
                   "build_seconds": round(time.perf_counter() - t0, 1)}
         manifest = write_release_manifest(out, scale, {cfg.seed: cfg},
                                           release_id or f"{scale}-draw{draw_id}", 1,
@@ -235,8 +241,17 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
         if not keep_work:
             shutil.rmtree(out / ".work", ignore_errors=True)
         return manifest
+    if pin is not None:
+        raise BuildError(f"draw {draw_id}, redraw {pin['redraw']}, built from its pinned post-SFT "
+                         f"checkpoint, failed its gates: {' | '.join(failed)}")
     raise BuildError(f"draw {draw_id} failed its gates in all {max_redraws + 1} attempts: "
                      + " | ".join(failed) + "; raise max_redraws or change the family ranges")
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def family_summary(cfg: BuildConfig) -> str:

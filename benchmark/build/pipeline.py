@@ -167,7 +167,11 @@ class SeedBuild:
     STAGES = ("sft", "grpo", "targets", "draws", "fidelity")
 
     def __init__(self, cfg: BuildConfig, out: Path, progress: bool = True,
-                 dist: Dist | None = None) -> None:
+                 dist: Dist | None = None, sft_checkpoint: Path | None = None) -> None:
+        #: a post-SFT checkpoint folder to start GRPO from instead of training SFT (a season
+        #: panel pins a draw's; ``benchmark.submissions.panel``): its files are copied as
+        #: ``checkpoints/step0000``
+        self.sft_checkpoint = Path(sft_checkpoint) if sft_checkpoint is not None else None
         self.cfg = cfg
         self.dist = dist or Dist()
         self.out = Path(out)
@@ -249,6 +253,9 @@ class SeedBuild:
         os.replace(tmp, self.dir / "tokenizer")
         self.tokenizer = None
         tok = self._tok()
+        if self.sft_checkpoint is not None:
+            self._pinned_sft()
+            return
         model = T.make_model(cfg, tok)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
@@ -271,6 +278,29 @@ class SeedBuild:
             losses.append(loss.item())
         self.state["sft_final_loss"] = float(np.mean(losses[-20:]))
         save_checkpoint(model, _ckpt_dir(self.dir, 0))
+
+    def _pinned_sft(self) -> None:
+        """``checkpoints/step0000`` copied from :attr:`sft_checkpoint` (no SFT is trained).
+
+        SFT at the family scale is chaotic in float64 (a 1e-16 rounding difference grows to
+        0.27 in 800 steps; docs/task_family.md), GRPO from one start is not: a season panel
+        records each draw's post-SFT checkpoint, and a rebuild elsewhere starts from it.
+        """
+        src = self.sft_checkpoint
+        if not (src / "model.safetensors").is_file() or not (src / "config.json").is_file():
+            raise BuildError(f"{src}: not a checkpoint folder (model.safetensors, config.json); "
+                             "pass the pinned post-SFT checkpoint of the draw")
+        dst = _ckpt_dir(self.dir, 0)
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "generation_config.json"):
+            if (src / name).is_file():
+                shutil.copyfile(src / name, tmp / name)
+        _world_readable(tmp)
+        shutil.rmtree(dst, ignore_errors=True)
+        os.replace(tmp, dst)
+        self.state["sft_pinned"] = str(src)
 
     # ------------------------------------------------------------------ GRPO
     def _grpo_dir(self) -> Path:

@@ -9,17 +9,20 @@ from pathlib import Path
 from benchmark.build.config import BuildConfig
 
 
-def build_config(cfg: BuildConfig, out: str | Path, progress: bool = True) -> dict:
+def build_config(cfg: BuildConfig, out: str | Path, progress: bool = True,
+                 sft_checkpoint: Path | None = None) -> dict:
     """Build one seed from an explicit config into ``out`` (one process); return its summary.
 
     Writes ``seed<S>/config.json``, no manifest (:func:`write_release_manifest` does).
+    ``sft_checkpoint``: start GRPO from this post-SFT checkpoint folder instead of training SFT
+    (:class:`benchmark.build.pipeline.SeedBuild`).
     """
     from benchmark.build.pipeline import SeedBuild
     from benchmark.releases.format import atomic_write_json
 
     cfg.validate()
     t0 = time.perf_counter()
-    sb = SeedBuild(cfg, Path(out), progress=progress)
+    sb = SeedBuild(cfg, Path(out), progress=progress, sft_checkpoint=sft_checkpoint)
     summary = sb.run()
     atomic_write_json(sb.dir / "config.json", cfg.to_dict())
     summary["build_seconds_this_run"] = round(time.perf_counter() - t0, 1)

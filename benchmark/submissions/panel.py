@@ -6,9 +6,15 @@ Draws are float64 builds: a draw id trains the same run on every machine, and it
 (:mod:`benchmark.build.trajectory`) proves it. Files:
 
 * ``submissions/_panel/panel.json``: the season (id, creation time in UTC, family version, scale),
-  the draws (id, trajectory hash, a summary of the lean causal reference) and the ranked entries
-  (name -> estimator sha256 and frozen time): the entries frozen before the panel was created.
-  Past panels move to ``submissions/_panel/seasons/<season>.json``.
+  the draws (id, the redraw that passed its gates, the sha256 of its post-SFT checkpoint, the
+  trajectory hash, a summary of the lean causal reference) and the ranked entries (name ->
+  estimator sha256 and frozen time): the entries frozen before the panel was created. Past panels
+  move to ``submissions/_panel/seasons/<season>.json``.
+* ``submissions/_panel/draws/<id>/``: each draw's post-SFT checkpoint (float64, ~0.8 MB). SFT at
+  the family scale is chaotic even in float64 (a 1e-16 rounding difference grows to 0.27 over its
+  800 steps), GRPO from one start is not (the same trajectory hash under every kernel width), so
+  a rebuild elsewhere trains GRPO, targets and draws from the pinned checkpoint: the draw id, its
+  redraw and that checkpoint (sha256 in the panel file) decide the run on every machine.
 * ``submissions/<name>/panel.json``: the entry's results on every draw (the full results document
   of ``evaluate`` on the draw's release, so the board pairs entries draw by draw), its pooled panel
   score, checklist item 11 (its panel score not significantly below its public one) and its panel
@@ -23,7 +29,9 @@ fails any recorded number that does not reproduce; nothing recorded is a note.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -44,8 +52,13 @@ __all__ = ["MAX_DRAWS", "MIN_DRAWS", "PANEL_DIR", "PANEL_FILE", "Panel", "PanelE
 PANEL_DIR = "_panel"
 #: the panel file (in :data:`PANEL_DIR`) and each entry's panel results (in its folder)
 PANEL_FILE = "panel.json"
-#: where ``panel new`` keeps the panels it replaces, as ``<season>.json``
+#: where ``panel new`` keeps the panels it replaces, as ``<season>.json`` (and their pinned
+#: checkpoints as ``<season>/draws/``)
 SEASONS_DIR = "seasons"
+#: the pinned post-SFT checkpoints of the panel's draws: ``_panel/draws/<draw id>/``
+PINS_DIR = "draws"
+#: the files of a pinned checkpoint (``save_pretrained`` writes them)
+PIN_FILES = ("model.safetensors", "config.json", "generation_config.json")
 PANEL_SCHEMA = 1
 #: draws of a panel: at least three (a rank from one or two runs is one run's luck)
 MIN_DRAWS = 3
@@ -72,7 +85,8 @@ class Panel:
         created_utc: when its draw ids were drawn, ISO 8601 UTC (``...Z``).
         family_version: the task family the draw ids index.
         scale: the family run scale of its draws (``"family"``; ``"micro-family"`` in tests).
-        draws: ``[{"draw_id", "trajectory_sha256", "reference": {path: number}}]``.
+        draws: ``[{"draw_id", "redraw", "sft_sha256", "trajectory_sha256", "reference":
+            {path: number}}]``.
         entries: ranked entries, ``{name: {"estimator_sha256", "frozen_utc"}}``.
         path: the file it was read from.
     """
@@ -84,6 +98,8 @@ class Panel:
     draws: tuple[dict, ...]
     entries: dict[str, dict]
     path: Path
+    #: where the pinned checkpoints are when not beside the file (``panel new`` while staging)
+    pins: Path | None = None
 
     @property
     def draw_ids(self) -> list[int]:
@@ -97,6 +113,10 @@ class Panel:
                 return d
         raise PanelError(f"draw {draw_id} is not one of season {self.season}'s draws "
                          f"{self.draw_ids}")
+
+    def pin_dir(self, draw_id: int) -> Path:
+        """The folder of draw ``draw_id``'s pinned post-SFT checkpoint."""
+        return (self.pins or self.path.parent / PINS_DIR) / str(int(draw_id))
 
     def to_dict(self) -> dict:
         """The file's content."""
@@ -177,7 +197,12 @@ def check_panel(doc: object, where: str) -> Panel:
                 and math.isfinite(v) for k, v in ref.items()):
             raise PanelError(f"{w}: reference must be an object of finite numbers (the lean "
                              "causal reference's summary)")
-        out.append({"draw_id": did,
+        redraw = d.get("redraw")
+        if type(redraw) is not int or not 0 <= redraw <= 16:
+            raise PanelError(f"{w}: redraw {str(redraw)[:40]!r} is not the attempt that passed "
+                             "its gates (an integer 0-16)")
+        out.append({"draw_id": did, "redraw": redraw,
+                    "sft_sha256": _sha(d.get("sft_sha256"), f"{w}.sft_sha256"),
                     "trajectory_sha256": _sha(d.get("trajectory_sha256"),
                                               f"{w}.trajectory_sha256"),
                     "reference": ref})
@@ -317,14 +342,21 @@ def panel_release(panel: Panel, draw_id: int, progress: bool = True, workers: in
         raise PanelError(f"season {panel.season} draws family {panel.family_version}; this "
                          f"bt-bench draws family {_family_version()}, where the same ids are "
                          "other runs: the panel must be renewed (bt-bench panel new)")
+    pin = {"redraw": record["redraw"], "sft_checkpoint": panel.pin_dir(draw_id)}
+    pinned = panel.pin_dir(draw_id) / "model.safetensors"
+    if not pinned.is_file() or _file_sha256(pinned) != record["sft_sha256"]:
+        raise PanelError(f"{pinned}: the pinned post-SFT checkpoint of panel draw {draw_id} is "
+                         f"missing or not the one season {panel.season} records (sha256 "
+                         f"{record['sft_sha256'][:16]}...); restore it from the repository")
     cached = live.cached_release(draw_id, panel.scale) is not None
-    path = live.live_release(draw_id, panel.scale, progress=progress, workers=workers)
+    path = live.live_release(draw_id, panel.scale, progress=progress, workers=workers, pin=pin)
     why = _draw_drift(path, record)
     if why is not None and cached:
         print(f"panel draw {draw_id}: the cached copy does not match season {panel.season} "
               f"({why}); rebuilding it", flush=True)
         shutil.rmtree(path, ignore_errors=True)
-        path = live.live_release(draw_id, panel.scale, progress=progress, workers=workers)
+        path = live.live_release(draw_id, panel.scale, progress=progress, workers=workers,
+                                 pin=pin)
         why = _draw_drift(path, record)
     if why is not None:
         opt = "" if panel.scale == live.LIVE_SCALE else f" --scale {panel.scale}"
@@ -332,6 +364,12 @@ def panel_release(panel: Panel, draw_id: int, progress: bool = True, workers: in
                          f"{panel.season}'s draw: {why}. Reproduce with bt-bench live build "
                          f"{draw_id}{opt}")
     return path
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _family_version() -> str:
@@ -362,10 +400,12 @@ def panel_score(per_draw: list[tuple[float, np.ndarray] | None], season: str
     draws with replacement (the same resample for every entry of a season: seeded by the season
     id, so the replicates pair across entries) and averages their replicate ``b``: the interval
     carries prompts, random sets and training noise (inside each draw) and the draws themselves.
-    None when a draw has no causal score (every entry of a panel is scored on the same cells, so
-    then none has one).
+    A draw without a causal score (no task showed a bonus effect there; it depends on the run,
+    not the entry, so every entry of a panel misses the same draws) is left out; None when no
+    draw has one.
     """
-    if not per_draw or any(p is None for p in per_draw):
+    per_draw = [p for p in per_draw if p is not None]
+    if not per_draw:
         return None
     n = len(per_draw)
     reps = np.stack([np.asarray(r, np.float64) for _, r in per_draw])  # (n, B)
@@ -543,16 +583,29 @@ def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DR
     season = f"{created[:10]}-{secrets.token_hex(3)}"
     print(f"season {season}: draws {ids} ({scale}, family {_family_version()}); building them",
           flush=True)
+    from benchmark.build.trajectory import trajectory_sha256
+
+    root = Path(submissions_dir)
+    staging = root / PANEL_DIR / f".{PINS_DIR}-{season}"
+    for stale in (root / PANEL_DIR).glob(f".{PINS_DIR}-*"):  # left by an interrupted run
+        shutil.rmtree(stale, ignore_errors=True)
     records = []
     for d in ids:
         path = live.live_release(d, scale, progress=progress)
-        from benchmark.build.trajectory import trajectory_sha256
-
-        records.append({"draw_id": d, "trajectory_sha256": trajectory_sha256(path),
+        fam = json.loads((path / "manifest.json").read_text())["build"]["family"]
+        (seed_dir,) = sorted(path.glob("seed*"))
+        pin = staging / str(d)
+        pin.mkdir(parents=True)
+        for name in PIN_FILES:
+            src = seed_dir / "checkpoints" / "step0000" / name
+            if src.is_file():
+                shutil.copyfile(src, pin / name)
+        records.append({"draw_id": d, "redraw": int(fam["redraws"]),
+                        "sft_sha256": _file_sha256(pin / "model.safetensors"),
+                        "trajectory_sha256": trajectory_sha256(path),
                         "reference": reference_summary(path)})
-    root = Path(submissions_dir)
     panel = Panel(season, created, _family_version(), scale, tuple(records), entries,
-                  panel_path(root))
+                  panel_path(root), pins=staging)
     limits = Limits(wall_seconds=time_limit) if time_limit else Limits()
     envs: dict = {}
     for sub in subs:
@@ -564,14 +617,17 @@ def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DR
                           env=env)
         write_entry(sub.path, doc)
     target = panel_path(root)
-    target.parent.mkdir(parents=True, exist_ok=True)
     old = load_panel(root)
     if old is not None:
         keep = target.parent / SEASONS_DIR / f"{old.season}.json"
         keep.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(target, keep)
+        if (target.parent / PINS_DIR).is_dir():
+            os.replace(target.parent / PINS_DIR, keep.parent / old.season)
+    shutil.rmtree(target.parent / PINS_DIR, ignore_errors=True)
+    os.replace(staging, target.parent / PINS_DIR)
     atomic_write_text(target, dumps_json(panel.to_dict()))
-    return panel
+    return Panel(**{**panel.__dict__, "pins": None})
 
 
 def score_entries(submissions_dir: str | Path, names: list[str], progress: bool = True,
