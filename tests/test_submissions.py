@@ -412,3 +412,22 @@ def test_leaderboard_ranks_scored_submissions_by_paired_comparisons(subs, tmp_pa
     md = (tmp_path / "lb" / "README.md").read_text()
     assert "Significantly better than" in md
     assert 'class="pairwise"' in (tmp_path / "lb" / "index.html").read_text()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("name: x\n" + "description: " + "a" * 70_000 + "\n", "more than the 65536"),
+    ("name: " + "[" * 50 + "]" * 50 + "\n", "nested 50 levels deep"),
+    ("name: [" + "[" * 5000 + "\n", "nested 5001 levels deep"),
+    (b"name: \xff\xfe\n", "not UTF-8"),
+    ("name: {unclosed\n", "not valid YAML"),
+])
+def test_a_crafted_submission_yaml_is_refused_within_limits(tmp_path, text, says):
+    """Size, encoding and nesting are checked before the YAML parser runs (a deep flow list
+    would otherwise reach its RecursionError); every refusal is a SubmissionError naming the
+    file (issue 35)."""
+    from benchmark.submissions.files import read_metadata
+
+    f = tmp_path / "submission.yaml"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SubmissionError, match=f"{f}: .*{says}"):
+        read_metadata(f)

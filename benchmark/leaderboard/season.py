@@ -63,7 +63,7 @@ def season_board(panel: Any, docs: dict[str, dict], entries: dict[str, dict],
                                "public": public.get(name, {}).get("causal_score"),
                                "public_rank": public.get(name, {}).get("rank"),
                                "panel_score": None, "per_draw": {}, "verdict": None,
-                               "item11": None}
+                               "item11": None, "counts": {}}
         if doc is None:
             row["status"] = "unscored"
             rows[name] = row
@@ -82,6 +82,7 @@ def season_board(panel: Any, docs: dict[str, dict], entries: dict[str, dict],
             reps[name] = scored
             row["panel_score"] = interval(scored[0], scored[1])
         row["per_draw"] = summary.get("per_draw") or {}
+        row["counts"] = _panel_counts(doc)
         row["verdict"] = summary.get("verdict")
         row["item11"] = get(summary, "item", "verdict")
         rows[name] = row
@@ -121,6 +122,22 @@ def season_board(panel: Any, docs: dict[str, dict], entries: dict[str, dict],
             "tracks": tracks}
 
 
+def _panel_counts(doc: dict) -> dict[str, dict]:
+    """Per checklist item, its measurable places' counts summed over the panel's draws."""
+    from benchmark.checklist import results_counts
+
+    out: dict[str, dict] = {}
+    for d in doc.get("draws") or []:
+        res = d.get("results") or {}
+        counts = res.get("checklist_counts") or results_counts(res.get("tasks") or {})
+        for item, c in counts.items():
+            o = out.setdefault(item, {"key": c["key"], "pass": 0, "fail": 0, "inconclusive": 0,
+                                      "not_counted": 0, "measurable": 0})
+            for k in ("pass", "fail", "inconclusive", "not_counted", "measurable"):
+                o[k] += int(c.get(k, 0))
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
 def season_figure_data(season: dict, colours: dict[str, dict]) -> dict[str, dict]:
     """Figure path -> spec of each track's panel-vs-public plot (``kind`` ``"season"``)."""
     out = {}
@@ -147,8 +164,10 @@ SEASON_TEXT = (
     "sets and draws; rank = 1 + ranked entries of the track significantly better (paired). "
     "`public` is the score on the public `tiny` release: the development score, not ranked "
     "(`dev rank` is the rank it would give). Provisional entries (frozen after the panel) show "
-    "in brackets the rank they would have, and are ranked from the next panel on. `item 11`: "
-    "the panel score is not significantly below the public one.")
+    "in brackets the rank they would have, and are ranked from the next panel on. The board's "
+    "verdict is the panel's: `panel checks` counts, per checklist item, the measurable places of "
+    "the panel's draws that pass; `item 11`: the panel score is not significantly below the "
+    "public one; `panel verdict` combines every draw's strict verdict with item 11.")
 
 
 def _iv_text(d: dict | None) -> str:
@@ -159,10 +178,13 @@ def _iv_text(d: dict | None) -> str:
 
 def season_table(season: dict, table: dict) -> tuple[list[str], list[list[str]]]:
     """One track's season table as text: ``(headers, rows)``."""
+    from benchmark.checklist import counts_short
+
     ids = [str(d["draw_id"]) for d in season["draws"]]
     headers = (["rank", "submission", "kind", "status", "panel score [95% CI]"]
                + [f"draw {i}" for i in ids]
-               + ["public (dev)", "dev rank", "item 11", "panel verdict"])
+               + ["public (dev)", "dev rank", "panel checks (pass/measurable)", "item 11",
+                  "panel verdict"])
     rows = []
     for r in table["rows"]:
         rank = r.get("rank")
@@ -172,6 +194,7 @@ def season_table(season: dict, table: dict) -> tuple[list[str], list[list[str]]]
                     + ["-" if p is None else f"{p:.3f}" for p in per]
                     + [_iv_text(r["public"]),
                        "-" if r.get("public_rank") is None else str(r["public_rank"]),
+                       counts_short(r["counts"]) if r.get("counts") else "-",
                        r.get("item11") or "-", r.get("verdict") or "-"])
     return headers, rows
 

@@ -242,6 +242,55 @@ def check_results_text(results: object, where: str, _path: str = "") -> None:
         _plain_text(results, f"{where}: {_path}", "plain text", _REGENERATE)
 
 
+#: the largest submission.yaml read (bt-bench writes well under 2 KiB)
+MAX_METADATA_BYTES = 64 * 1024
+#: the deepest nesting of [ and { read in it (bt-bench writes none)
+MAX_METADATA_DEPTH = 16
+
+
+def read_metadata(path: Path) -> object:
+    """Parse a ``submission.yaml`` after limits that no crafted file gets past.
+
+    At most :data:`MAX_METADATA_BYTES`, UTF-8, flow nesting (``[``, ``{`` outside quotes) at
+    most :data:`MAX_METADATA_DEPTH`; then ``yaml.safe_load`` (standard tags only; an alias is a
+    shared reference, so an alias bomb does not expand, and :func:`validate_metadata` refuses
+    anything but flat strings and lists of them), its ``RecursionError`` refused too.
+
+    Raises:
+        SubmissionError: naming the file, the limit and the fix.
+    """
+    import yaml
+
+    fix = "write it as bt-bench submit does (plain keys and values), or regenerate it"
+    data = path.read_bytes()
+    if len(data) > MAX_METADATA_BYTES:
+        raise SubmissionError(f"{path}: {len(data)} bytes, more than the {MAX_METADATA_BYTES} a "
+                              f"submission.yaml may hold; {fix}.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SubmissionError(f"{path}: not UTF-8 text; {fix}.") from None
+    depth = deepest = 0
+    quote = ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    if deepest > MAX_METADATA_DEPTH:
+        raise SubmissionError(f"{path}: nested {deepest} levels deep (at most "
+                              f"{MAX_METADATA_DEPTH}); {fix}.")
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise SubmissionError(f"{path}: not valid YAML ({str(exc)[:200]}).") from None
+
+
 def _dump_metadata(meta: dict[str, Any]) -> str:
     import yaml
 
@@ -277,8 +326,6 @@ def load_submission(path: str | Path) -> Submission:
             the folder name, or its track differs from the one recorded in ``results.json``.
         InputFileError: ``results.json`` is not valid JSON.
     """
-    import yaml
-
     from benchmark.io import read_json
 
     p = Path(path)
@@ -295,11 +342,7 @@ def load_submission(path: str | Path) -> Submission:
             f"{METADATA_FILE} and {RESULTS_FILE} (regenerate it with bt-bench submit --force)."
         )
     meta_path = p / METADATA_FILE
-    try:
-        raw = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise SubmissionError(f"{meta_path}: not valid YAML ({exc}).") from exc
-    meta = validate_metadata(raw, str(meta_path))
+    meta = validate_metadata(read_metadata(meta_path), str(meta_path))
     if meta["name"] != p.name:
         raise SubmissionError(
             f"{meta_path}: name {meta['name']!r} differs from the folder name {p.name!r}; "

@@ -24,6 +24,7 @@ from benchmark.submissions.files import (
     SubmissionError,
     _control_kind,
     _dump_metadata,
+    read_metadata,
     validate_metadata,
 )
 from benchmark.submissions.panel import PANEL_FILE, load_panel, score_entry, write_entry
@@ -148,12 +149,7 @@ def _declared_requirements(folder: Path, given: Iterable[str] | None) -> list[st
     meta_path = folder / METADATA_FILE
     if not meta_path.is_file():
         return []
-    import yaml
-
-    try:
-        raw = yaml.safe_load(meta_path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise SubmissionError(f"{meta_path}: not valid YAML ({exc}).") from exc
+    raw = read_metadata(meta_path)
     value = raw.get("requirements") if isinstance(raw, dict) else None
     return parse_requirements(value, str(meta_path))
 
