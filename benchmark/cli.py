@@ -115,7 +115,11 @@ def _add_live(sub: argparse._SubParsersAction) -> None:
                    help="run scale: family (default) or micro-family (tests)")
     b.add_argument("--workers", type=int, default=2, help="replay processes (default 2)")
     b.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    b.set_defaults(func=lambda a: _live().build_command(a))
+    b.add_argument("--submissions-dir", default="submissions",
+                   help="where the season panel is (default ./submissions): a panel draw is "
+                        "built from its pinned post-SFT checkpoint and checked against the "
+                        "panel's trajectory hash")
+    b.set_defaults(func=_live_build)
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
@@ -214,6 +218,23 @@ def _add_hub(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repo-id", required=True, help="Hub dataset repo id, e.g. org/bt-bench-tiny")
     p.add_argument("--private", action="store_true", help="create the repo as private")
     p.set_defaults(func=lambda a: _hub().push_command(a))
+
+
+def _live_build(a: argparse.Namespace) -> int:
+    """``bt-bench live build``: a season panel's draw is built and checked as the panel's."""
+    from benchmark import live
+    from benchmark.submissions import panel as P
+
+    season = P.load_panel(a.submissions_dir)
+    scale = a.scale or live.LIVE_SCALE
+    if season is None or scale != season.scale or int(a.draw_id) not in season.draw_ids:
+        return live.build_command(a)
+    path = P.panel_release(season, a.draw_id, progress=not a.no_progress, workers=a.workers)
+    rec = season.draw(a.draw_id)
+    print(f"season {season.season} panel draw {a.draw_id} ({scale}): {path}")
+    print(f"trajectory {rec['trajectory_sha256']} (as recorded), built from the pinned post-SFT "
+          f"checkpoint {rec['sft_sha256'][:16]}... (redraw {rec['redraw']})")
+    return 0
 
 
 def _panel():

@@ -263,6 +263,17 @@ def test_new_panel_refuses_too_few_draws_and_unfrozen_entries(season, tmp_path):
         P.new_panel(copy, 3, scale=SCALE, progress=False, draw_ids=DRAWS)
 
 
+def test_live_build_of_a_panel_draw_is_checked_against_the_panel(season, capsys):
+    from benchmark.cli import main
+
+    root, panel = season
+    assert main(["live", "build", str(DRAWS[1]), "--scale", SCALE, "--no-progress",
+                 "--submissions-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"season {panel.season} panel draw {DRAWS[1]}" in out
+    assert f"trajectory {panel.draws[1]['trajectory_sha256']} (as recorded)" in out
+
+
 def test_a_pinned_checkpoint_that_is_not_the_recorded_one_is_refused(season, tmp_path):
     _, panel = season
     copy = tmp_path / "_panel"
