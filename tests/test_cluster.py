@@ -48,61 +48,6 @@ def _jobs(rel, seeds=(0, 1)):
     return jobs
 
 
-def test_ray_cluster_replays_equal_the_local_ones(two_node_cluster, micro_causal, tmp_path,
-                                                   monkeypatch):
-    from benchmark.causal.cluster import cluster_fingerprint
-    from benchmark.causal.replays import baseline_job, open_store, run_jobs
-    from benchmark.machine import fingerprint
-    from benchmark.releases.release import load_release
-
-    rel = load_release(micro_causal)
-    assert cluster_fingerprint()["key"] == fingerprint()["key"]  # one machine here
-    assert len([n for n in ray.nodes() if n["Alive"]]) == 3
-    jobs = _jobs(rel)
-    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "local"))
-    local = open_store(rel.path, rel.manifest_sha256, "local")
-    run_jobs(local, rel.manifest_sha256, jobs, workers=2, executor="local")
-    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "ray"))
-    remote = open_store(rel.path, rel.manifest_sha256, "ray")
-    facts = run_jobs(remote, rel.manifest_sha256, jobs, workers=2, executor="ray")
-    assert facts["executor"] == "ray" and len(facts["lanes"]) == 2  # both worker nodes ran
-    # the two seeds' baselines ran first, one lane each; the removals then spread over both
-    assert len(facts["baseline_lanes"]) == 2 and facts["baselines"] == 2
-    for j in jobs:
-        assert np.array_equal(remote.result(j), local.result(j)), j.key
-    for s in (0, 1):
-        a, b = local.baseline(s), remote.baseline(s)
-        assert all(np.array_equal(a["measures"][t], b["measures"][t]) for t in a["measures"])
-    # a second run finds everything stored and replays nothing
-    assert run_jobs(remote, rel.manifest_sha256, jobs, workers=2,
-                    executor="ray")["replayed"] == 0
-    # removal replays that start from a stored baseline state, shipped to the nodes
-    more = _jobs(rel)[:1]
-    more = [type(more[0])(more[0].seed, more[0].task, more[0].positions[:1], more[0].stop,
-                          more[0].n_per_step)]
-    run_jobs(remote, rel.manifest_sha256, more, workers=2, executor="ray")
-    run_jobs(local, rel.manifest_sha256, more, workers=2, executor="local")
-    assert np.array_equal(remote.result(more[0]), local.result(more[0]))
-    assert remote.has(baseline_job(0))
-
-
-def test_same_causal_numbers_from_both_executors(two_node_cluster, micro_causal, tmp_path,
-                                                  monkeypatch):
-    from benchmark.causal import score as C
-    from benchmark.releases.release import load_release
-
-    rel = load_release(micro_causal)
-    n = C.load_reference(micro_causal, 2)["n_rollouts"]
-    scores = {(2, t): {"mine": np.random.default_rng(7).random(n), "norm-only": np.zeros(n),
-                       "step-order": -np.arange(n, dtype=float)} for t in rel.tasks}
-    out = {}
-    for name in ("local", "ray"):
-        monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / name))
-        monkeypatch.setenv("BT_BENCH_EXECUTOR", name)
-        out[name], _ = C.causal_results(rel, scores, "mine", settings=C.CausalSettings(n_boot=200))
-    assert out["local"] == out["ray"]
-
-
 def test_a_mixed_cluster_is_refused(monkeypatch):
     from benchmark.causal import cluster
 
@@ -231,3 +176,60 @@ def test_what_a_worker_returns_is_checked_before_use(tmp_path):
         with pytest.raises(cluster.ClusterError, match=match):
             cluster._check_lane_result(bad, store)
     assert not (tmp_path / "RAN").exists()
+
+
+# the two-node cluster (a module fixture that stays connected) last: the tests above start and
+# stop their own clusters and must find Ray not initialized
+def test_ray_cluster_replays_equal_the_local_ones(two_node_cluster, micro_causal, tmp_path,
+                                                   monkeypatch):
+    from benchmark.causal.cluster import cluster_fingerprint
+    from benchmark.causal.replays import baseline_job, open_store, run_jobs
+    from benchmark.machine import fingerprint
+    from benchmark.releases.release import load_release
+
+    rel = load_release(micro_causal)
+    assert cluster_fingerprint()["key"] == fingerprint()["key"]  # one machine here
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 3
+    jobs = _jobs(rel)
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "local"))
+    local = open_store(rel.path, rel.manifest_sha256, "local")
+    run_jobs(local, rel.manifest_sha256, jobs, workers=2, executor="local")
+    monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / "ray"))
+    remote = open_store(rel.path, rel.manifest_sha256, "ray")
+    facts = run_jobs(remote, rel.manifest_sha256, jobs, workers=2, executor="ray")
+    assert facts["executor"] == "ray" and len(facts["lanes"]) == 2  # both worker nodes ran
+    # the two seeds' baselines ran first, one lane each; the removals then spread over both
+    assert len(facts["baseline_lanes"]) == 2 and facts["baselines"] == 2
+    for j in jobs:
+        assert np.array_equal(remote.result(j), local.result(j)), j.key
+    for s in (0, 1):
+        a, b = local.baseline(s), remote.baseline(s)
+        assert all(np.array_equal(a["measures"][t], b["measures"][t]) for t in a["measures"])
+    # a second run finds everything stored and replays nothing
+    assert run_jobs(remote, rel.manifest_sha256, jobs, workers=2,
+                    executor="ray")["replayed"] == 0
+    # removal replays that start from a stored baseline state, shipped to the nodes
+    more = _jobs(rel)[:1]
+    more = [type(more[0])(more[0].seed, more[0].task, more[0].positions[:1], more[0].stop,
+                          more[0].n_per_step)]
+    run_jobs(remote, rel.manifest_sha256, more, workers=2, executor="ray")
+    run_jobs(local, rel.manifest_sha256, more, workers=2, executor="local")
+    assert np.array_equal(remote.result(more[0]), local.result(more[0]))
+    assert remote.has(baseline_job(0))
+
+
+def test_same_causal_numbers_from_both_executors(two_node_cluster, micro_causal, tmp_path,
+                                                  monkeypatch):
+    from benchmark.causal import score as C
+    from benchmark.releases.release import load_release
+
+    rel = load_release(micro_causal)
+    n = C.load_reference(micro_causal, 2)["n_rollouts"]
+    scores = {(2, t): {"mine": np.random.default_rng(7).random(n), "norm-only": np.zeros(n),
+                       "step-order": -np.arange(n, dtype=float)} for t in rel.tasks}
+    out = {}
+    for name in ("local", "ray"):
+        monkeypatch.setenv("BT_BENCH_CACHE", str(tmp_path / name))
+        monkeypatch.setenv("BT_BENCH_EXECUTOR", name)
+        out[name], _ = C.causal_results(rel, scores, "mine", settings=C.CausalSettings(n_boot=200))
+    assert out["local"] == out["ray"]

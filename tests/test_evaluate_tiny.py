@@ -140,10 +140,15 @@ def test_an_all_ties_entry_lands_in_the_random_band():
     assert score["lo"] <= band["hi"] and band["lo"] <= score["hi"]  # the intervals meet
 
 
-def test_reversed_gas_cannot_pass_the_precision_items_below_the_random_band(tmp_path):
+def test_reversed_gas_keeps_its_precision_lift_but_fails_the_causal_item(tmp_path):
     """Reversed GAS ranks first the rollouts that pushed the behavior down; on vkwjp its group
     label precision still shows a lift over chance (the siblings of labelled groups are labelled
-    too), but its causal score is below the random band: items 3 and 4 fail."""
+    too), but removing its top rollouts does no better than removing at random: item 10 fails
+    and so does the task. Against the band's top (the largest of 8 random sets, +0.261 here) its
+    causal score used to lie significantly below the bar, which also capped items 3 and 4;
+    against the random reference (their mean, +0.088) it is indistinguishable from random
+    removal, so the precision items stand as measured (docs/evaluation.md, "The random
+    reference")."""
     p = write(tmp_path, """
     from estimators.base import sketch_cosine
     class ReversedGAS(BaseEstimator):
@@ -157,13 +162,10 @@ def test_reversed_gas_cannot_pass_the_precision_items_below_the_random_band(tmp_
     res = evaluate(p, "tiny", settings, progress=False, isolation=None)
     t = res["tasks"]["vkwjp"]
     margin = t["causal"]["per_seed"]["0"]["comparisons"]["random_band"]
-    assert margin["hi"] < -0.01  # the causal score lies below the band's top
-    for key in ("headroom", "timing"):
-        seed0 = item(t, key)["per"]["0"]
-        assert seed0["verdict"] == "fail" and item(t, key)["verdict"] == "fail"
-        assert seed0["numbers"]["causal_gate"]["verdict"] == "fail"
-    # the gate decided it: precision alone shows a lift over chance (tiny 3.0 seed 0: 0.305
-    # [0.216, 0.402] against chance 0.229, lift 1.33)
+    assert margin["lo"] < -0.01 and margin["point"] < 0  # not above the random reference
+    assert item(t, "causal")["per"]["0"]["verdict"] == "fail"
+    # precision alone shows a lift over chance (tiny 3.0 seed 0: 0.305 [0.216, 0.402] against
+    # chance 0.229, lift 1.33)
     head = item(t, "headroom")["per"]["0"]["numbers"]
     assert head["point"] > head["chance"]
     assert t["verdict"] == "fail"

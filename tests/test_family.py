@@ -90,11 +90,15 @@ def test_phrase_measure_is_the_product_of_teacher_forced_conditionals(mf):
     # product of three), so 1e-5 leaves two orders of margin
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
     # a single-token behavior's measure is release 2.0's, bit for bit (its code, restated)
+    from benchmark.build.precision import wide
+
     one = cfg.behaviors[1]
     got1 = m.behavior_probs(model, one.id)
     with torch.no_grad():
         for rows, batch in m._forced[one.id]:
-            logits = model(input_ids=batch, use_cache=False).logits[:, -1].float()
+            # .float() in release 2.0 (float32 models); a float64 build's logits stay float64
+            # (benchmark.build.precision.wide: the family's micro scale is a float64 build)
+            logits = wide(model(input_ids=batch, use_cache=False).logits[:, -1])
             ref = torch.softmax(logits, -1)[:, m._bid[one.id]].double().numpy()
             assert np.array_equal(got1[rows], ref)
 

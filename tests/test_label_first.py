@@ -87,3 +87,38 @@ def test_the_shipped_file_is_generated_from_tiny_and_passes_the_contract():
     assert '"id": "tiny"' in text and '"version": "3.0.0"' in text
     est = load_estimator_file(path).instantiate()
     assert est.name == "label-first"
+
+
+ORDER = {"pass": 2, "inconclusive": 1, "fail": 0}
+
+
+@pytest.mark.parametrize("attack", ["label-first", "public-tuned-tracincp"])
+def test_the_board_gives_an_attack_no_better_verdict_or_rank_than_its_base(attack):
+    """On the committed season panel, the attacks built on TracInCP are TracInCP on every draw:
+    the board's verdict (the panel's) is no better than TracInCP's and their panel scores are
+    TracInCP's, draw by draw, although the public release's verdict or score favours them (the
+    public verdict is the development verdict; docs/leaderboard.md, Seasons)."""
+    import json
+
+    subs = ROOT / "submissions"
+    if not (subs / "_panel" / "panel.json").is_file():
+        pytest.skip("no season panel committed")
+    a = json.loads((subs / attack / "panel.json").read_text())
+    b = json.loads((subs / "tracincp" / "panel.json").read_text())
+    assert ORDER[a["summary"]["verdict"]] <= ORDER[b["summary"]["verdict"]]
+    for da, db in zip(a["draws"], b["draws"], strict=True):
+        ea, eb = da["results"]["estimator"]["name"], db["results"]["estimator"]["name"]
+        sa = da["results"]["suite"]["causal_score"].get(ea)
+        sb = db["results"]["suite"]["causal_score"].get(eb)
+        assert (sa is None) == (sb is None)
+        if sa is not None:
+            assert sa["point"] == pytest.approx(sb["point"], abs=1e-9)
+    # ... while the public release favours the answer key: a better verdict than TracInCP's
+    # (label-first: the labels pass item 3 everywhere) or a higher score (public-tuned: first)
+    pa = json.loads((subs / attack / "results.json").read_text())
+    pb = json.loads((subs / "tracincp" / "results.json").read_text())
+    if attack == "label-first":
+        assert ORDER[pa["verdict"]] > ORDER[pb["verdict"]]
+    else:
+        assert pa["suite"]["causal_score"][pa["estimator"]["name"]]["point"] > \
+            pb["suite"]["causal_score"]["TracInCP"]["point"]

@@ -83,8 +83,9 @@ def test_every_core_package_is_refused():
             parse_requirements([f"{name}==1.0"])
 
 
-def test_submission_yaml_accepts_requirements_last_and_round_trips():
-    assert ALLOWED_KEYS[-1] == "requirements"
+def test_submission_yaml_accepts_requirements_after_the_metadata_and_round_trips():
+    # requirements follow what a person writes; frozen (written by submit) comes last
+    assert ALLOWED_KEYS[-2:] == ("requirements", "frozen")
     meta = validate_metadata({"name": "k", "authors": ["A"], "track": "open",
                               "requirements": ["Opt_Einsum==3.4.0"]})
     assert meta["requirements"] == ["opt-einsum==3.4.0"]

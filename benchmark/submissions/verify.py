@@ -286,10 +286,11 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
     """Verify the given submission folders, or every one under ``submissions_dir``.
 
     Each distinct set of declared requirements is installed once (and cached across runs). With
-    ``panel_check`` and a season panel in ``submissions_dir``, every panel draw is built (or
-    found) once before any entry is scored, and every entry checked on it
-    (:func:`verify_submission`); attack controls must rank no higher than their base methods
-    there (:func:`benchmark.submissions.gate.attack_panel_checks`). With ``live_check``, every
+    ``panel_check`` and a season panel in an entry's submissions folder (the folder above it,
+    ``_panel/panel.json``), every panel draw is built (or found) once before any entry is
+    scored, and every entry checked on it (:func:`verify_submission`); attack controls must
+    rank no higher than their base methods there
+    (:func:`benchmark.submissions.gate.attack_panel_checks`). With ``live_check``, every
     entry is also scored on one new draw: ``live_draw``, else ``$BT_BENCH_LIVE_DRAW``, else an
     id chosen now (:func:`benchmark.live.gate_draw_id`), printed before anything is scored so
     that a failure can be reproduced. ``dump``: write each entry's recomputed results there.
@@ -309,14 +310,16 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
     for f in folders:  # refuse a malformed one before any build
         load_submission(f)
     scale = live_scale or live.LIVE_SCALE
-    panel = load_panel(submissions_dir) if panel_check else None
+    # an entry's panel is the one in its own submissions folder (the folder above it)
+    panels = {f: load_panel(f.resolve().parent) if panel_check else None for f in folders}
+    seasons = {p.season: p for p in panels.values() if p is not None}
     gate = None
     if live_check:
         gate, source = live.gate_draw_id(live_draw)
         print(f"live check: every entry is also scored on live draw {gate} ({scale}; "
               f"{source}); reproduce with --live-draw {gate} or {live.LIVE_DRAW_ENV}={gate}",
               flush=True)
-    if panel is not None:
+    for panel in seasons.values():
         print(f"season panel {panel.season}: draws {panel.draw_ids} ({panel.scale}), "
               f"{len(panel.entries)} ranked entries; every entry is re-scored on every draw",
               flush=True)
@@ -332,10 +335,11 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
             pass  # reported by the entries
     envs: dict = {}
     reports = [verify_submission(f, release, progress, time_limit=time_limit, envs=envs,
-                                 live_draw=gate, live_scale=scale, dump=dump, panel=panel)
+                                 live_draw=gate, live_scale=scale, dump=dump, panel=panels[f])
                for f in folders]
-    if panel is not None:
-        attack_panel_checks(reports, panel)
+    for season, panel in seasons.items():
+        attack_panel_checks([r for r, f in zip(reports, folders, strict=True)
+                             if panels[f] is not None and panels[f].season == season], panel)
     return reports
 
 
