@@ -27,7 +27,13 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
                limits, env, report) -> None:
     """Score ``sub`` on live draw ``draw_id`` and apply :func:`benchmark.live.live_gate`.
 
-    The outcome goes to ``report.live_check`` (and a fix to ``report.fix`` when it fails).
+    The live margin (suite causal score minus the random reference) is the new draw's pooled
+    with the entry's season-panel draws (:func:`benchmark.checklist.pool_draws`): one run can
+    be hard for an honest method (season 2026-12-07-77e84f: on draw 1315847760 no cell was
+    measurable and every method fell to the random reference; on 1645512152 TRAK's margin was
+    +0.012 [+0.003, +0.021]), an answer key collapses on every fresh run. Without a causal score
+    on any of them the gate decides nothing (``decided: False``). The outcome goes to
+    ``report.live_check`` (and a fix to ``report.fix`` when it fails).
     """
     from benchmark import live
     from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
@@ -53,7 +59,23 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
         report.live_check = check | {"ok": False,
                                      "reason": f"{est}: scoring on the live draw failed: {exc}"}
         return
-    ok, reason = live.live_gate(fresh["suite"], rec["suite"], est, CROSS_MACHINE_TOLERANCE)
+    margins = [(int(draw_id), rec["suite"].get("vs_random"))] + _panel_margins(sub)
+    scored = [(d, m) for d, m in margins if m is not None]
+    if not scored:
+        # no draw shows an effect attribution can find (no causal score): nothing to decide,
+        # for an answer key as for a method
+        report.live_check = check | {"ok": True, "decided": False, "reason": (
+            f"{est}: no causal score on the new draw or the panel's draws; nothing to compare")}
+        return
+    from benchmark.checklist import pool_draws
+
+    pooled = pool_draws([m for _, m in scored]) if len(scored) > 1 else scored[0][1]
+    ok, reason = live.live_gate(fresh["suite"], {"vs_random": pooled}, est,
+                                CROSS_MACHINE_TOLERANCE)
+    if len(scored) > 1:
+        reason += (f" (live margin pooled over the new draw and the season panel's draws: "
+                   f"{', '.join(str(d) for d, _ in scored)})")
+    check["pooled_over"] = [d for d, _ in scored]
     if answer_key:
         # an answer-key attack control (the memorizer: no method behind it) exists to be caught:
         # verify fails it when the live check lets it through, so the mechanism proves itself on
@@ -72,6 +94,21 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
         report.fix = ("the entry's public score does not carry over to a run it has not seen: "
                       "run the reproduce command, and make the estimator attribute from the run "
                       "it is given (public labels or references do not transfer).")
+
+
+def _panel_margins(sub: Submission) -> list[tuple[int, dict | None]]:
+    """``(draw id, suite vs_random)`` of each draw of the entry's ``panel.json`` (none without)."""
+    from benchmark.io import read_json
+    from benchmark.submissions.panel import PANEL_FILE
+
+    f = Path(sub.path) / PANEL_FILE
+    if not f.is_file():
+        return []
+    try:
+        return [(int(d["draw_id"]), d["results"]["suite"].get("vs_random"))
+                for d in read_json(f)["draws"]]
+    except (BenchmarkError, KeyError, TypeError, ValueError):
+        return []  # verify's panel check reports a malformed file
 
 
 def attack_panel_checks(reports: list, panel) -> None:
