@@ -59,7 +59,8 @@ def live_check(sub: Submission, fresh: dict, draw_id: int, scale: str | None, pr
         report.live_check = check | {"ok": False,
                                      "reason": f"{est}: scoring on the live draw failed: {exc}"}
         return
-    margins = [(int(draw_id), rec["suite"].get("vs_random"))] + _panel_margins(sub)
+    margins = [(int(draw_id), rec["suite"].get("vs_random"))] + [
+        (d, m) for d, m in _panel_margins(sub) if d != int(draw_id)]  # each run once
     scored = [(d, m) for d, m in margins if m is not None]
     if not scored:
         # no draw shows an effect attribution can find (no causal score): nothing to decide,
