@@ -32,6 +32,7 @@ import numpy as np
 from benchmark.build.config import MAX_PHRASE, BehaviorSpec, BuildConfig
 from benchmark.build.trajectory import trajectory_sha256
 from benchmark.errors import BuildError
+from benchmark.releases.format import sha256_file
 
 #: Version of the family's generator: bump it whenever ``draw_config`` would map any draw id to
 #: a different config (vocabulary, ranges, scales, sampling order).
@@ -232,8 +233,8 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
             continue
         family = {"version": FAMILY_VERSION, "draw_id": int(draw_id), "redraws": redraw,
                   "failed": failed, "scale": scale, "trajectory_sha256": trajectory_sha256(out),
-                  "sft_sha256": _file_sha256(out / f"seed{cfg.seed}" / "checkpoints" / "step0000"
-                                             / "model.safetensors"),
+                  "sft_sha256": sha256_file(out / f"seed{cfg.seed}" / "checkpoints" / "step0000"
+                                            / "model.safetensors"),
                   "build_seconds": round(time.perf_counter() - t0, 1)}
         manifest = write_release_manifest(out, scale, {cfg.seed: cfg},
                                           release_id or f"{scale}-draw{draw_id}", 1,
@@ -246,12 +247,6 @@ def build_draw(draw_id: int, out: str | Path, scale: str = "family", max_redraws
                          f"checkpoint, failed its gates: {' | '.join(failed)}")
     raise BuildError(f"draw {draw_id} failed its gates in all {max_redraws + 1} attempts: "
                      + " | ".join(failed) + "; raise max_redraws or change the family ranges")
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def family_summary(cfg: BuildConfig) -> str:

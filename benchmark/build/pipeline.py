@@ -15,7 +15,6 @@ files (the same files a one-process build writes).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -27,6 +26,14 @@ import torch
 from tqdm import tqdm
 
 from benchmark.build import task as T
+from benchmark.build.checkpoints import (
+    _atomic_torch_save,
+    _ckpt_dir,
+    _world_readable,
+    copy_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from benchmark.build.config import BuildConfig
 from benchmark.build.decode import make_decoder, sample
 from benchmark.build.dist import Dist
@@ -46,90 +53,6 @@ from benchmark.io import atomic_write_bytes
 from benchmark.metrics import precision_at_k
 from benchmark.releases.format import atomic_write_json, atomic_write_parquet
 from benchmark.sketch import CountSketch, parameter_layout
-
-
-def _ckpt_dir(seed_dir: Path, step: int) -> Path:
-    return seed_dir / "checkpoints" / f"step{step:04d}"
-
-
-def save_checkpoint(model, path: Path) -> None:
-    """``save_pretrained`` (safetensors, in the model's dtype) into a temp folder, then rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    with quiet_transformers():
-        model.save_pretrained(tmp, safe_serialization=True)
-    _world_readable(tmp)
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-
-
-def _world_readable(folder: Path) -> None:
-    """Give every file in ``folder`` mode 0644 and the folder 0755.
-
-    transformers writes safetensors through a 0600 temp file; a release's checkpoints must be
-    readable by the sandbox's unprivileged user, so they get the mode any user-created file has.
-    """
-    os.chmod(folder, 0o755)
-    for f in folder.iterdir():
-        if f.is_file():
-            os.chmod(f, 0o644)
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """Turn transformers' per-file progress bars off for the duration of the block.
-
-    "Loading weights" / "Writing model shards" bars mean nothing for a checkpoint that loads in
-    milliseconds, and builds and replay workers load hundreds of them.
-    """
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
-def load_checkpoint(path: Path, precision: str = "float32"):
-    """Load a saved checkpoint with eager attention, in fp32 or (``"float64"``) widened.
-
-    A float64 checkpoint (a float64 build's) must be loaded with ``precision="float64"``:
-    loading it in fp32 rounds its parameters.
-    """
-    from transformers import AutoModelForCausalLM
-
-    with quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager"
-        )
-    if precision == "float64":
-        # widen the fp32 model (its buffers, e.g. the rotary frequencies, as every float64
-        # replay has them), then put the file's parameters in exactly: a float64 file's bits
-        # survive, an fp32 file's values are the fp32 model's
-        from safetensors.torch import load_file
-
-        from benchmark.build.precision import widen
-
-        widen(model)
-        saved = load_file(Path(path) / "model.safetensors")
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in saved:
-                    p.copy_(saved[name])
-    return model
-
-
-def _atomic_torch_save(obj, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def curve_steps(cfg: BuildConfig) -> list[int]:
@@ -290,16 +213,7 @@ class SeedBuild:
         if not (src / "model.safetensors").is_file() or not (src / "config.json").is_file():
             raise BuildError(f"{src}: not a checkpoint folder (model.safetensors, config.json); "
                              "pass the pinned post-SFT checkpoint of the draw")
-        dst = _ckpt_dir(self.dir, 0)
-        tmp = dst.with_name(dst.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in ("model.safetensors", "config.json", "generation_config.json"):
-            if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-        _world_readable(tmp)
-        shutil.rmtree(dst, ignore_errors=True)
-        os.replace(tmp, dst)
+        copy_checkpoint(src, _ckpt_dir(self.dir, 0))
         self.state["sft_pinned"] = str(src)
 
     # ------------------------------------------------------------------ GRPO

@@ -132,7 +132,7 @@ class ReplaySeed:
     def fresh_model(self):
         """The post-SFT model (fp32, eager attention), loaded once and reset on each call."""
         if self._model is None:
-            from benchmark.build.pipeline import load_checkpoint
+            from benchmark.build.checkpoints import load_checkpoint
 
             # a float64 replay loads the start in float64 (a float64 build's checkpoint keeps
             # every bit; an fp32 one is widened exactly)

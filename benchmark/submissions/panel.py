@@ -57,8 +57,6 @@ PANEL_FILE = "panel.json"
 SEASONS_DIR = "seasons"
 #: the pinned post-SFT checkpoints of the panel's draws: ``_panel/draws/<draw id>/``
 PINS_DIR = "draws"
-#: the files of a pinned checkpoint (``save_pretrained`` writes them)
-PIN_FILES = ("model.safetensors", "config.json", "generation_config.json")
 PANEL_SCHEMA = 1
 #: draws of a panel: at least three (a rank from one or two runs is one run's luck)
 MIN_DRAWS = 3
@@ -139,13 +137,11 @@ ROTATION = ("a maintainer runs `bt-bench panel new` once a month (and whenever t
 
 def _utc(text: object, where: str) -> str:
     from benchmark.submissions.files import check_utc
-
     return check_utc(text, where, PanelError)
 
 
 def _sha(text: object, where: str) -> str:
     from benchmark.submissions.files import check_sha256
-
     return check_sha256(text, where, PanelError)
 
 
@@ -336,6 +332,7 @@ def panel_release(panel: Panel, draw_id: int, progress: bool = True, workers: in
     another run from the id, or the panel file is wrong): never a note.
     """
     from benchmark import live
+    from benchmark.releases.format import sha256_file
 
     record = panel.draw(draw_id)
     if panel.family_version != _family_version():
@@ -344,10 +341,14 @@ def panel_release(panel: Panel, draw_id: int, progress: bool = True, workers: in
                          "other runs: the panel must be renewed (bt-bench panel new)")
     pin = {"redraw": record["redraw"], "sft_checkpoint": panel.pin_dir(draw_id)}
     pinned = panel.pin_dir(draw_id) / "model.safetensors"
-    if not pinned.is_file() or _file_sha256(pinned) != record["sft_sha256"]:
+    if not pinned.is_file() or sha256_file(pinned) != record["sft_sha256"]:
         raise PanelError(f"{pinned}: the pinned post-SFT checkpoint of panel draw {draw_id} is "
                          f"missing or not the one season {panel.season} records (sha256 "
                          f"{record['sft_sha256'][:16]}...); restore it from the repository")
+    key = (panel.season, int(draw_id), panel.scale, record["trajectory_sha256"])
+    done = _CHECKED.get(key)
+    if done is not None and _stamp(done[0]) == done[1]:
+        return done[0]  # checked in this process and untouched since (verify: once per draw)
     cached = live.cached_release(draw_id, panel.scale) is not None
     path = live.live_release(draw_id, panel.scale, progress=progress, workers=workers, pin=pin)
     why = _draw_drift(path, record)
@@ -363,18 +364,25 @@ def panel_release(panel: Panel, draw_id: int, progress: bool = True, workers: in
         raise PanelError(f"panel draw {draw_id} ({panel.scale}) built here is not season "
                          f"{panel.season}'s draw: {why}. Reproduce with bt-bench live build "
                          f"{draw_id}{opt}")
+    _CHECKED[key] = (path, _stamp(path))
     return path
 
 
-def _file_sha256(path: Path) -> str:
-    import hashlib
+#: panel draws checked in this process: key -> (release folder, its files' stamp when checked)
+_CHECKED: dict[tuple, tuple[Path, tuple]] = {}
 
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+def _stamp(path: Path) -> tuple:
+    """Size and modification time of every file of a release folder (sorted), or ``()``."""
+    try:
+        return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns)
+                     for f in sorted(Path(path).rglob("*")) if f.is_file())
+    except OSError:
+        return ()
 
 
 def _family_version() -> str:
     from benchmark.build.family import FAMILY_VERSION
-
     return FAMILY_VERSION
 
 
@@ -583,7 +591,9 @@ def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DR
     season = f"{created[:10]}-{secrets.token_hex(3)}"
     print(f"season {season}: draws {ids} ({scale}, family {_family_version()}); building them",
           flush=True)
+    from benchmark.build.checkpoints import copy_checkpoint
     from benchmark.build.trajectory import trajectory_sha256
+    from benchmark.releases.format import sha256_file
 
     root = Path(submissions_dir)
     staging = root / PANEL_DIR / f".{PINS_DIR}-{season}"
@@ -595,13 +605,9 @@ def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DR
         fam = json.loads((path / "manifest.json").read_text())["build"]["family"]
         (seed_dir,) = sorted(path.glob("seed*"))
         pin = staging / str(d)
-        pin.mkdir(parents=True)
-        for name in PIN_FILES:
-            src = seed_dir / "checkpoints" / "step0000" / name
-            if src.is_file():
-                shutil.copyfile(src, pin / name)
+        copy_checkpoint(seed_dir / "checkpoints" / "step0000", pin)
         records.append({"draw_id": d, "redraw": int(fam["redraws"]),
-                        "sft_sha256": _file_sha256(pin / "model.safetensors"),
+                        "sft_sha256": sha256_file(pin / "model.safetensors"),
                         "trajectory_sha256": trajectory_sha256(path),
                         "reference": reference_summary(path)})
     panel = Panel(season, created, _family_version(), scale, tuple(records), entries,
