@@ -83,6 +83,27 @@ def test_sampling_follows_the_model_and_the_release(sr, seed_ctx, micro_release)
     assert out[0] == [list(r) for r in rec[0]] and out[1] == out[0]
 
 
+def test_one_draw_per_group_serves_every_replay(sr, monkeypatch):
+    """The shared draws (one ``Exp(1)`` draw per group and token for all replays) pick every
+    replay's tokens as its own ``multinomial`` on its own copy of the stream would: three
+    replays whose groups finish at different tokens, over the run's first steps."""
+    from benchmark.build import functional as Fn
+
+    assert Fn.multinomial_is_exponential_argmax()  # torch 2.x: the fast path is the one run
+    stack = S.Stack.of([sr.start])
+    states = []
+    for step in range(3):
+        states.append(stack.state(0, step))
+        resp = sr.sample_step(stack, step)
+        sr.update(stack, step, resp, [sr.advantages(step, resp[0], frozenset(), None)])
+    mixed = S.Stack.of(states)  # three different models: their rows finish at other tokens
+    shared = [sr.sample_step(mixed, step) for step in range(3)]
+    monkeypatch.setattr(Fn, "_MULTINOMIAL", [False])
+    own = [sr.sample_step(mixed, step) for step in range(3)]
+    assert shared == own
+    assert len({len(r) for out in shared for k in out for r in k}) > 1  # rows end apart
+
+
 def test_adamw_is_torchs_fused_adamw_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     p = {"a": torch.randn(5, 3, dtype=torch.float64, generator=g),

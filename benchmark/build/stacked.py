@@ -8,7 +8,8 @@ the model's shape. :class:`StackedReplay` runs K of them in lock step, one GRPO 
   row-wise op (norms, rotary embedding, softmax, sampling weights) is one call for all of them;
   the matrix products run once per replay with that replay's weights (``torch.mm`` on its rows).
   A group's G responses share their prompt, so the prompt is run once per group (prefill) and its
-  keys and values are repeated for the G rows;
+  keys and values are repeated for the G rows. The model code is
+  :mod:`benchmark.build.functional`;
 * **training** runs each replay's loss and backward on its own, over the groups whose advantages
   are not all zero in that replay (a group with zero advantages adds exactly zero to the
   gradient), again with the prompt shared by the group's rows;
@@ -42,12 +43,21 @@ import numpy as np
 import torch
 
 from benchmark.build import task as T
+from benchmark.build.functional import (
+    DTYPE,
+    Arch,
+    Cache,
+    bmm_is_exact,
+    decode_step,
+    forward_one,
+    linear,
+    logits,
+    multinomial_is_exponential_argmax,
+    prefill,
+    sample_stacked,
+)
 from benchmark.build.grpo import advantages, step_prompts
 from benchmark.errors import BuildError
-
-_F = torch.nn.functional
-DTYPE = torch.float64
-
 
 # ----------------------------------------------------------------------------------------------
 # the parameters of K replays
@@ -111,342 +121,6 @@ def initial_state(model) -> dict:
     p = {n: v.detach().to(DTYPE).clone() for n, v in model.named_parameters()}
     return {"step": 0, "params": p, "exp_avg": {n: torch.zeros_like(v) for n, v in p.items()},
             "exp_avg_sq": {n: torch.zeros_like(v) for n, v in p.items()}}
-
-
-@dataclass(frozen=True)
-class Arch:
-    """The shapes and constants of an eager Qwen2 model (what the functional forward needs)."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    layers: int
-    eps: float
-    vocab: int
-    names: tuple[str, ...]
-    cos: torch.Tensor  # (max_len, head_dim) float64 rotary tables
-    sin: torch.Tensor
-    padding_idx: int | None = None  # the embedding's: no gradient flows into its row
-
-    @classmethod
-    def of(cls, model) -> Arch:
-        """Read the architecture of a ``transformers`` Qwen2 model (tied embeddings)."""
-        c = model.config
-        if (getattr(c, "model_type", "") != "qwen2" or not getattr(c, "tie_word_embeddings", 0)
-                or c.num_key_value_heads != c.num_attention_heads):
-            raise BuildError("stacked replays support Qwen2 models with tied embeddings and "
-                             "as many key/value heads as heads (the tiny presets); got "
-                             f"model_type={getattr(c, 'model_type', None)!r}")
-        hd = c.hidden_size // c.num_attention_heads
-        rot = model.model.rotary_emb
-        pos = torch.arange(int(c.max_position_embeddings), dtype=DTYPE)
-        freqs = pos[:, None] * rot.inv_freq.to(DTYPE)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scale = float(getattr(rot, "attention_scaling", 1.0))
-        return cls(hidden=c.hidden_size, heads=c.num_attention_heads,
-                   kv_heads=c.num_key_value_heads, head_dim=hd, layers=c.num_hidden_layers,
-                   eps=float(c.rms_norm_eps), vocab=c.vocab_size,
-                   names=tuple(n for n, _ in model.named_parameters()),
-                   cos=emb.cos() * scale, sin=emb.sin() * scale,
-                   padding_idx=model.model.embed_tokens.padding_idx)
-
-
-# ----------------------------------------------------------------------------------------------
-# the stacked forward (no gradient: decoding and measuring)
-
-#: (K, M, in, out) -> whether one ``bmm`` gives each replay the bits of its own ``mm``
-_BMM_EXACT: dict[tuple[int, int, int, int], bool] = {}
-
-
-def bmm_is_exact(k: int, m: int, n_in: int, n_out: int) -> bool:
-    """Whether ``bmm`` of K ``(m, n_in) @ (n_in, n_out)`` equals K separate ``mm`` bit for bit.
-
-    BLAS libraries may compute a batch of small products with other kernels than one product
-    alone (seen here for tiny shapes), which would make a replay's numbers depend on its batch.
-    Checked once per shape on random inputs (kernel choice depends on shapes and strides, not
-    on values) with the operands laid out as :func:`linear` lays them out.
-    """
-    key = (k, m, n_in, n_out)
-    if key not in _BMM_EXACT:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(k, m, n_in, dtype=DTYPE, generator=g)
-        w = torch.randn(k, n_out, n_in, dtype=DTYPE, generator=g)
-        fast = torch.bmm(x, w.transpose(1, 2))
-        _BMM_EXACT[key] = all(torch.equal(fast[j], torch.mm(x[j], w[j].t())) for j in range(k))
-    return _BMM_EXACT[key]
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-replay ``x[j] @ w[j]^T (+ b[j])``: ``x`` (K, M, in), ``w`` (K, out, in) -> (K, M, out).
-
-    Defined as one ``mm`` per replay; computed with one ``bmm`` where that is bit-identical
-    (:func:`bmm_is_exact`).
-    """
-    k, m, n_in = x.shape
-    if bmm_is_exact(k, m, n_in, w.shape[1]):
-        y = torch.bmm(x, w.transpose(1, 2))
-    else:
-        y = torch.stack([torch.mm(x[j], w[j].t()) for j in range(k)])
-    return y if b is None else y + b[:, None, :]
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim; ``w`` broadcasts against ``x``."""
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
-
-
-class Cache:
-    """Keys and values of K replays' decoding, per layer ``(K, B, heads, L_max, head_dim)``.
-
-    Preallocated for the longest prompt plus the response limit and filled in place: ``mask``
-    ``(B, L_max)`` is 0 where a row has a key and -inf where it has none (a shorter prompt,
-    left-padded, or a position not yet decoded); ``pos`` ``(B,)`` is each row's next
-    position (its rotary angle) and ``fill`` the next column of the cache.
-    """
-
-    def __init__(self, kv: list, mask: torch.Tensor, pos: torch.Tensor, fill: int) -> None:
-        self.kv, self.mask, self.pos, self.fill = kv, mask, pos, fill
-
-
-def _vec(v: torch.Tensor, ndim: int) -> torch.Tensor:
-    """A per-replay vector ``(K, n)`` viewed to broadcast against a ``(K, ..., n)`` tensor."""
-    return v.view(v.shape[0], *([1] * (ndim - 2)), v.shape[-1])
-
-
-@torch.no_grad()
-def prefill(arch: Arch, p: dict, ids: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """Run ``ids`` ``(K, B, n)`` (one prompt per row, positions 0..n-1, causal).
-
-    Returns the last position's hidden state after the final norm ``(K, B, H)`` and per layer
-    the keys and values ``(K, B, heads, n, head_dim)``.
-    """
-    k_n, b, n = ids.shape
-    hd, nh, hid = arch.head_dim, arch.heads, arch.hidden
-    emb = p["model.embed_tokens.weight"]
-    h = torch.stack([_F.embedding(ids[j], emb[j]) for j in range(k_n)]).view(k_n, b * n, hid)
-    cos, sin = arch.cos[:n], arch.sin[:n]
-    mask = torch.full((n, n), float("-inf"), dtype=DTYPE).triu(1)
-    kv = []
-    for i in range(arch.layers):
-        pre = f"model.layers.{i}."
-        x = _rms(h, _vec(p[pre + "input_layernorm.weight"], 3), arch.eps)
-        shape = (k_n, b, n, nh, hd)
-        q = linear(x, p[pre + "self_attn.q_proj.weight"], p[pre + "self_attn.q_proj.bias"])
-        kk = linear(x, p[pre + "self_attn.k_proj.weight"], p[pre + "self_attn.k_proj.bias"])
-        v = linear(x, p[pre + "self_attn.v_proj.weight"], p[pre + "self_attn.v_proj.bias"])
-        q = _rotate(q.view(shape).transpose(2, 3), cos, sin)  # (K, B, nh, n, hd)
-        kk = _rotate(kk.view(shape).transpose(2, 3), cos, sin).contiguous()
-        v = v.view(shape).transpose(2, 3).contiguous()
-        kv.append((kk, v))
-        w = torch.softmax((q[:, :, :, :, None, :] * kk[:, :, :, None, :, :]).sum(-1)
-                          * (hd ** -0.5) + mask, dim=-1)  # (K, B, nh, n, n)
-        o = (w[..., None] * v[:, :, :, None, :, :]).sum(-2)  # (K, B, nh, n, hd)
-        h = h + linear(o.transpose(2, 3).reshape(k_n, b * n, hid),
-                       p[pre + "self_attn.o_proj.weight"])
-        h = h + _mlp(arch, p, pre, h)
-    last = h.view(k_n, b, n, hid)[:, :, -1]
-    return _rms(last, _vec(p["model.norm.weight"], 3), arch.eps), kv
-
-
-def _mlp(arch: Arch, p: dict, pre: str, h: torch.Tensor) -> torch.Tensor:
-    x = _rms(h, _vec(p[pre + "post_attention_layernorm.weight"], 3), arch.eps)
-    gate = _F.silu(linear(x, p[pre + "mlp.gate_proj.weight"]))
-    return linear(gate * linear(x, p[pre + "mlp.up_proj.weight"]), p[pre + "mlp.down_proj.weight"])
-
-
-@torch.no_grad()
-def decode_step(arch: Arch, p: dict, tok: torch.Tensor, cache: Cache) -> torch.Tensor:
-    """Append one token per row (``tok`` ``(K, B)``); return the final-norm hidden ``(K, B, H)``.
-
-    Attention is computed elementwise (products and sums), whose every element is computed
-    alone: the same bits whatever the batch.
-    """
-    k_n, b = tok.shape
-    hd, nh, hid = arch.head_dim, arch.heads, arch.hidden
-    emb = p["model.embed_tokens.weight"]
-    h = torch.stack([_F.embedding(tok[j], emb[j]) for j in range(k_n)])  # (K, B, H)
-    cos = arch.cos[cache.pos][:, None, :]  # (B, 1, hd): per row position
-    sin = arch.sin[cache.pos][:, None, :]
-    col = cache.fill
-    cache.mask[:, col] = 0.0
-    mask = cache.mask[None, :, None, :col + 1]
-    for i in range(arch.layers):
-        pre = f"model.layers.{i}."
-        x = _rms(h, _vec(p[pre + "input_layernorm.weight"], 3), arch.eps)
-        q = linear(x, p[pre + "self_attn.q_proj.weight"], p[pre + "self_attn.q_proj.bias"])
-        kk = linear(x, p[pre + "self_attn.k_proj.weight"], p[pre + "self_attn.k_proj.bias"])
-        v = linear(x, p[pre + "self_attn.v_proj.weight"], p[pre + "self_attn.v_proj.bias"])
-        q = _rotate(q.view(k_n, b, nh, hd), cos, sin)
-        keys, vals = cache.kv[i]
-        keys[:, :, :, col] = _rotate(kk.view(k_n, b, nh, hd), cos, sin)
-        vals[:, :, :, col] = v.view(k_n, b, nh, hd)
-        keys, vals = keys[:, :, :, :col + 1], vals[:, :, :, :col + 1]  # (K, B, nh, L, hd)
-        w = torch.softmax((q[:, :, :, None, :] * keys).sum(-1) * (hd ** -0.5) + mask,
-                          dim=-1)  # (K, B, nh, L)
-        o = (w[..., None] * vals).sum(-2)  # (K, B, nh, hd)
-        h = h + linear(o.reshape(k_n, b, hid), p[pre + "self_attn.o_proj.weight"])
-        h = h + _mlp(arch, p, pre, h)
-    cache.fill += 1
-    cache.pos = cache.pos + 1
-    return _rms(h, _vec(p["model.norm.weight"], 3), arch.eps)
-
-
-@torch.no_grad()
-def logits(p: dict, h: torch.Tensor) -> torch.Tensor:
-    """``(K, N, H)`` final-norm hidden states -> ``(K, N, vocab)`` logits (tied embeddings)."""
-    return linear(h, p["model.embed_tokens.weight"])
-
-
-_TREES: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _tree(lp: int, g_n: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``(T,)`` and additive mask ``(T, T)`` of a group laid out as one sequence.
-
-    ``T = lp + g_n * (r - 1)``: the prompt once, then each row's first ``r - 1`` response tokens.
-    A prompt token sees the prompt up to itself; row j's token t sees the whole prompt and row
-    j's tokens up to t (its position is ``lp + t``).
-    """
-    key = (lp, g_n, r)
-    if key not in _TREES:
-        t_n = lp + g_n * (r - 1)
-        pos = torch.cat((torch.arange(lp), torch.arange(lp, lp + r - 1).repeat(g_n)))
-        row = torch.cat((torch.full((lp,), -1), torch.arange(g_n).repeat_interleave(r - 1)))
-        q, k = torch.arange(t_n)[:, None], torch.arange(t_n)[None, :]
-        see = ((k < lp) & ((row[:, None] >= 0) | (k <= q))) | (
-            (row[:, None] == row[None, :]) & (row[:, None] >= 0) & (k <= q))
-        mask = torch.zeros(t_n, t_n, dtype=DTYPE).masked_fill(~see, float("-inf"))
-        _TREES[key] = (pos, mask)
-    return _TREES[key]
-
-
-def forward_one(arch: Arch, p: dict, prefix: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Training forward of one replay, with autograd: log-probs of each response token.
-
-    Args:
-        arch: the architecture.
-        p: the replay's parameters (leaves with ``requires_grad``).
-        prefix: ``(Gp, Lp)`` one prompt per group.
-        rows: ``(Gp, G, R)`` the groups' response tokens, right-padded to ``R``.
-
-    Returns:
-        ``(Gp, G, R)`` float64 log-probabilities (temperature 1) of ``rows[g, j, t]`` given the
-        prompt and the earlier response tokens (padding positions hold values to be masked).
-
-    Each group is one sequence of ``Lp + G (R - 1)`` tokens (:func:`_tree`): the shared prompt
-    is computed once, and every projection is one product over all the groups' tokens.
-    """
-    gp, lp = prefix.shape
-    _, g_n, r = rows.shape
-    hd, nh, hid = arch.head_dim, arch.heads, arch.hidden
-    pos, mask = _tree(lp, g_n, r)
-    t_n = pos.numel()
-    emb = p["model.embed_tokens.weight"]
-    ids = torch.cat((prefix, rows[:, :, :-1].reshape(gp, g_n * (r - 1))), dim=1)  # (Gp, T)
-    h = _F.embedding(ids, emb, arch.padding_idx)
-    cos, sin = arch.cos[pos], arch.sin[pos]
-    for i in range(arch.layers):
-        pre = f"model.layers.{i}."
-        x = _rms(h, p[pre + "input_layernorm.weight"], arch.eps)
-        shape = (gp, t_n, nh, hd)
-        q = _F.linear(x, p[pre + "self_attn.q_proj.weight"], p[pre + "self_attn.q_proj.bias"])
-        kk = _F.linear(x, p[pre + "self_attn.k_proj.weight"], p[pre + "self_attn.k_proj.bias"])
-        v = _F.linear(x, p[pre + "self_attn.v_proj.weight"], p[pre + "self_attn.v_proj.bias"])
-        q = _rotate(q.view(shape).transpose(1, 2), cos, sin)
-        kk = _rotate(kk.view(shape).transpose(1, 2), cos, sin)
-        w = torch.softmax(torch.matmul(q, kk.transpose(2, 3)) * (hd ** -0.5) + mask, dim=-1)
-        o = torch.matmul(w, v.view(shape).transpose(1, 2)).transpose(1, 2).reshape(gp, t_n, hid)
-        h = h + _F.linear(o, p[pre + "self_attn.o_proj.weight"])
-        x = _rms(h, p[pre + "post_attention_layernorm.weight"], arch.eps)
-        gate = _F.silu(_F.linear(x, p[pre + "mlp.gate_proj.weight"]))
-        h = h + _F.linear(gate * _F.linear(x, p[pre + "mlp.up_proj.weight"]),
-                          p[pre + "mlp.down_proj.weight"])
-    # the hidden states that predict response tokens: the prompt's last, then each row's inputs
-    h = torch.cat((h[:, lp - 1:lp].expand(gp, g_n, hid)[:, :, None, :],
-                   h[:, lp:].view(gp, g_n, r - 1, hid)), dim=2)  # (Gp, G, R, H)
-    lg = _F.linear(_rms(h, p["model.norm.weight"], arch.eps), emb)
-    return torch.log_softmax(lg, dim=-1).gather(-1, rows[..., None]).squeeze(-1)
-
-
-# ----------------------------------------------------------------------------------------------
-# sampling
-
-
-def sample_stacked(arch: Arch, p: dict, pids: list[list[int]], gens: list[list],
-                   group_size: int, temperature: float, top_p: float, max_new: int,
-                   eos: int) -> list[list[list[int]]]:
-    """Sample ``group_size`` responses to each prompt for each of K replays, with a KV cache.
-
-    Args:
-        arch: the architecture.
-        p: the K replays' stacked parameters (:attr:`Stack.params`).
-        pids: one prompt's ids per group (lengths may differ).
-        gens: ``gens[k][g]`` the sampling generator of replay k's group g.
-
-    Returns:
-        ``out[k][row]``: response ids, rows group-major (``g * group_size + j``), each ending at
-        its first eos or after ``max_new`` tokens.
-
-    Each group's prompt runs once (prompts of one length together) and its keys and values
-    serve its G rows; then all rows decode together, shorter prompts left-padded (masked keys).
-    The draws are :func:`benchmark.build.decode.sample`'s: temperature, nucleus filtering
-    with ``top_p``, one ``multinomial`` per group and token from the group's own generator,
-    drawn only while the group has an unfinished row.
-    """
-    k_n, n_groups, big_g = len(gens), len(pids), group_size
-    rows = n_groups * big_g
-    lmax = max(len(x) for x in pids)
-    hd, nh = arch.head_dim, arch.heads
-    width = lmax + max_new
-    kv = [(torch.zeros(k_n, rows, nh, width, hd, dtype=DTYPE),
-           torch.zeros(k_n, rows, nh, width, hd, dtype=DTYPE)) for _ in range(arch.layers)]
-    mask = torch.full((rows, width), float("-inf"), dtype=DTYPE)
-    pos = torch.zeros(rows, dtype=torch.long)
-    last = torch.zeros(k_n, rows, arch.hidden, dtype=DTYPE)
-    for n in sorted({len(x) for x in pids}):
-        groups = [g for g in range(n_groups) if len(pids[g]) == n]
-        ids = torch.tensor([pids[g] for g in groups]).expand(k_n, len(groups), n)
-        hl, kvb = prefill(arch, p, ids)
-        sel = torch.tensor([g * big_g + j for g in groups for j in range(big_g)])
-        for i, (kk, v) in enumerate(kvb):
-            kv[i][0][:, sel, :, lmax - n:lmax] = kk.repeat_interleave(big_g, dim=1)
-            kv[i][1][:, sel, :, lmax - n:lmax] = v.repeat_interleave(big_g, dim=1)
-        mask[sel, lmax - n:lmax] = 0.0
-        pos[sel] = n
-        last[:, sel] = hl.repeat_interleave(big_g, dim=1)
-    cache = Cache(kv, mask, pos, lmax)
-    lg = logits(p, last)  # (K, rows, V)
-    done = torch.zeros(k_n, rows, dtype=torch.bool)
-    resp = [[[] for _ in range(rows)] for _ in range(k_n)]
-    for t in range(max_new):
-        probs = torch.softmax(lg / temperature, dim=-1)
-        sp, si = torch.sort(probs, dim=-1, descending=True)
-        keep = (torch.cumsum(sp, dim=-1) - sp) < top_p
-        sp = sp * keep
-        sp = sp / sp.sum(-1, keepdim=True)
-        choice = torch.zeros(k_n, rows, 1, dtype=torch.long)
-        for k in range(k_n):
-            for g in range(n_groups):
-                r = slice(g * big_g, (g + 1) * big_g)
-                if not bool(done[k, r].all()):
-                    choice[k, r] = torch.multinomial(sp[k, r], 1, generator=gens[k][g])
-        tok = si.gather(2, choice).squeeze(2)
-        tok = torch.where(done, torch.full_like(tok, eos), tok)
-        for k, (tk, dk) in enumerate(zip(tok.tolist(), done.tolist(), strict=True)):
-            for j, (t_j, d_j) in enumerate(zip(tk, dk, strict=True)):
-                if not d_j:
-                    resp[k][j].append(t_j)
-        done = done | (tok == eos)
-        if bool(done.all()) or t == max_new - 1:
-            break
-        lg = logits(p, decode_step(arch, p, tok, cache))
-    return resp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -588,9 +262,8 @@ class StackedReplay:
         """Every replay's responses at ``step``: ``out[k][index]`` in rollout order."""
         cfg = self.cfg
         _, pids = self.step_prompts(step)
-        gens = [[T.group_generator(cfg.seed, step, g) for g in range(len(pids))]
-                for _ in range(stack.k)]
-        return sample_stacked(self.arch, stack.params, pids, gens, cfg.group_size,
+        return sample_stacked(self.arch, stack.params, pids,
+                              lambda g: T.group_generator(cfg.seed, step, g), cfg.group_size,
                               cfg.temperature, cfg.top_p, cfg.max_new_tokens,
                               self.tok.eos_token_id)
 
@@ -731,5 +404,6 @@ def run_batch(sr: StackedReplay, members: list[Member], start: tuple[int, dict] 
 
 
 __all__ = ["Arch", "Cache", "Member", "Stack", "StackedReplay", "adamw", "bmm_is_exact",
-           "decode_step", "forward_one", "initial_state", "linear", "prefill", "replay_gradient",
-           "run_batch", "sample_stacked"]
+           "decode_step", "forward_one", "initial_state", "linear", "logits",
+           "multinomial_is_exponential_argmax", "prefill", "replay_gradient", "run_batch",
+           "sample_stacked"]
