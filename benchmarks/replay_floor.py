@@ -11,6 +11,12 @@ process and one thread:
 * **machine rate**: ``torch.mm`` in float64 on the engine's largest shape, run in the same
   process (the ceiling a replay could reach if it were nothing but matrix products);
 
+* **products alone**: every matrix product the engine called in those steps (``mm``, ``bmm``,
+  ``addmm``, ``baddbmm``, forward and backward, recorded with their shapes and strides by a
+  ``TorchDispatchMode``), run again back to back on fresh operands of the same layout: the
+  time of the engine's arithmetic with nothing else around it. Its rate is the ceiling of any
+  engine that computes each replay's products with these calls;
+
 and prints the engine's share of the machine rate, and the time a replay workload needs at best
 (all cores at the machine rate) next to the engine's time: a new estimator's removal replays on
 ``tiny`` (``--slice-steps``, from ``bt-bench evaluate``'s facts) and the issue's targets.
@@ -35,6 +41,58 @@ def _step(sr, stack, step: int) -> None:
     resp = sr.sample_step(stack, step)
     advs = [sr.advantages(step, r, frozenset(), None) for r in resp]
     sr.update(stack, step, resp, advs)
+
+
+_PRODUCTS = ("mm", "bmm", "addmm", "baddbmm")
+
+
+def record_products(run) -> list[tuple]:
+    """Run ``run()`` and return its matrix products: ``(op, [(shape, stride) | value, ...])``."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[tuple] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in _PRODUCTS:
+                calls.append((name, [(tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor)
+                                     else a for a in args], dict(kwargs or {})))
+            return func(*args, **(kwargs or {}))
+
+    with _Record():
+        run()
+    return calls
+
+
+def products_seconds(calls: list[tuple], repeat: int = 3) -> tuple[float, float]:
+    """(best seconds of running ``calls`` back to back on fresh float64 operands, their FLOPs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ops, flops = [], 0
+    for name, args, kwargs in calls:
+        tens = []
+        for a in args:
+            if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], tuple):
+                shape, stride = a
+                t = torch.empty_strided(shape, stride, dtype=torch.float64)
+                t.copy_(torch.rand(shape, dtype=torch.float64, generator=g))
+                tens.append(t)
+            else:
+                tens.append(a)
+        ops.append((getattr(torch.ops.aten, name).default, tens, kwargs))
+        a, b = (tens[0], tens[1]) if name in ("mm", "bmm") else (tens[1], tens[2])
+        batch = a.shape[0] if a.dim() == 3 else 1
+        flops += 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for fn, tens, kwargs in ops:
+            fn(*tens, **kwargs)
+        best = min(best, time.perf_counter() - t0)
+    return best, flops
 
 
 def mm_rate(seconds: float = 2.0) -> float:
@@ -95,10 +153,21 @@ def main(argv: list[str] | None = None) -> int:
         for step in range(first, first + a.steps):
             _step(sr, stack, step)
         per = (time.perf_counter() - t0) / (a.steps * k)
+        stack = S.Stack.of([state] * k)
+        calls = record_products(lambda: [_step(sr, stack, st)  # noqa: B023 (run at once)
+                                         for st in range(first, first + a.steps)])
+        p_sec, p_flops = products_seconds(calls)
+        p_per = p_sec / (a.steps * k)
         rows.append({"K": k, "s per replay step": round(per, 4),
                      "GFLOP/s": round(flops / per / 1e9, 2),
                      "share of mm rate": round(flops / per / machine, 3),
+                     "products alone: s per replay step": round(p_per, 4),
+                     "products' share of the time": round(p_per / per, 2),
+                     "products alone: share of mm rate": round(flops / p_per / machine, 3),
                      "workload s (engine)": round(a.slice_steps * per / a.workers, 1)})
+        if k == a.k[-1]:
+            print(f"products recorded at K = {k}: {len(calls)} calls, "
+                  f"{p_flops / (a.steps * k) / 1e9:.3f} GFLOP per replay step")
     floor = a.slice_steps * flops / (machine * a.workers)
     print(f"{cpu_name()}; one thread per worker, {a.workers} workers; release {rel.release_id}")
     print(f"work: {flops / 1e9:.3f} GFLOP per replay step (matrix products and attention, "
