@@ -51,8 +51,8 @@ ITEMS: dict[int, tuple[str, str]] = {
     9: ("token_level", "trigger-token gradients align with the in-context target (diagnostic)"),
     10: ("causal", "causal score above the random reference, norm-only's, step-order's and the "
                    "strongest control's (paired)"),
-    11: ("live", "the panel score (the season panel's draws, fresh runs of the task family) "
-                 "is not significantly below the public one"),
+    11: ("live", "the margin over the random reference carries over from the public release "
+                 "to the season panel's draws (fresh runs of the task family)"),
 }
 GATED = (1, 2, 3, 4, 5, 6, 7)
 #: the items decided per task (:func:`task_checklist`); item 11 is decided once per entry, from
@@ -486,7 +486,7 @@ def verdict_sentence(verdict: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# item 11: the live score (runs drawn fresh from the task family) against the public one
+# item 11: the margin over the random reference on runs drawn fresh from the task family
 
 
 def pool_draws(intervals: list[Mapping[str, float]]) -> dict:
@@ -530,32 +530,9 @@ def live_margin(public: Mapping[str, float], live: Mapping[str, float]) -> dict:
     return {"point": point, "lo": point - below, "hi": point + above_}
 
 
-def not_below(margin: Mapping[str, float], tol: float, max_width: float = MAX_WIDTH) -> str:
-    """Verdict of "not significantly below" from the interval of ``live - public``.
-
-    The mirror of :func:`benchmark.causal.score.beats` for a one-sided claim: **fail** when the
-    interval's upper end is below ``-tol`` (the live score lies significantly below the public
-    one, by more than the cross-machine tolerance); **inconclusive** when that end is within
-    ``tol`` of 0 (another CPU could decide it the other way), when the interval is undefined, or
-    when it straddles ``-tol`` and is wider than ``max_width`` (too little data to tell, the rule
-    of :func:`beats`); **pass** otherwise.
-    """
-    lo, hi = margin.get("lo"), margin.get("hi")
-    if not _finite(lo, hi):
-        return INCONCLUSIVE
-    if hi < -tol:
-        return FAIL
-    if hi <= tol:
-        return INCONCLUSIVE
-    if lo < -tol and hi - lo > max_width:
-        return INCONCLUSIVE
-    return PASS
-
-
-def _causal_of(suite: object, est: str) -> dict | None:
-    """``suite["causal_score"][est]`` when it is a finite ``{point, lo, hi}``, else None."""
-    scores = suite.get("causal_score") if isinstance(suite, Mapping) else None
-    d = scores.get(est) if isinstance(scores, Mapping) else None
+def _margin_of(suite: object) -> dict | None:
+    """``suite["vs_random"]`` when it is a finite ``{point, lo, hi}``, else None."""
+    d = suite.get("vs_random") if isinstance(suite, Mapping) else None
     if not isinstance(d, Mapping) or not _finite(d.get("point"), d.get("lo"), d.get("hi")):
         return None
     return {k: float(d[k]) for k in ("point", "lo", "hi")}
@@ -563,29 +540,43 @@ def _causal_of(suite: object, est: str) -> dict | None:
 
 def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
               tol: float | None = None) -> dict:
-    """Item 11 from the public suite and the live draws' suites of one estimator.
+    """Item 11 from the public suite and the live (season-panel) draws' suites of one estimator.
+
+    Compares margins over the random reference, never raw scores: the drawn runs are other
+    runs than the public ones (other strengths, windows, confounds), usually harder, so every
+    method's score moves between them; what must carry over is the margin a method claims
+    over random removal. ``suite["vs_random"]`` is that margin, ``{point, lo, hi}``
+    (:func:`benchmark.causal.score.band_margins`). The rule is the fresh-draw gate's
+    (:func:`benchmark.live.live_gate`) on the pooled draws:
+
+    * **pass** when the public margin is not significantly above 0 (``lo <= tol``: nothing is
+      claimed), or when the pooled live margin is (``lo > tol``);
+    * **fail** when the public margin is significantly above 0, the live one is not, and the
+      live one lies significantly below the public one (``live.hi + tol < public.lo``): the
+      public score does not carry over to new runs (an answer key, a memorizer);
+    * **inconclusive** otherwise (at the random reference live, within reach of the public
+      margin: too little to tell), or when either side has no margin.
 
     Args:
-        public_suite: ``results["suite"]`` (``causal_score.<est>`` is ``{point, lo, hi}``).
-        live_draws: ``results["live"]["draws"]``: ``[{"draw_id", "suite", ...}]``, each
-            ``suite`` shaped as ``public_suite``.
-        est: the estimator's name (``results["estimator"]["name"]``).
+        public_suite: ``results["suite"]`` with ``vs_random`` ``{point, lo, hi}``.
+        live_draws: ``[{"draw_id", "suite", ...}]``, each ``suite`` shaped as ``public_suite``.
+        est: the estimator's name (for the reason).
         tol: the cross-machine tolerance (default
             :data:`benchmark.causal.score.CROSS_MACHINE_TOLERANCE`, 0.01).
 
     Returns:
         ``{"verdict", "public": {point, lo, hi}, "live": {point, lo, hi, n_draws, draw_ids},
-        "margin": {point, lo, hi}, "tolerance", "reason"}``: ``live`` pools the draws with a
-        causal score (:func:`pool_draws`), ``margin`` is ``live - public``
-        (:func:`live_margin`) and the verdict :func:`not_below`. Inconclusive, with None for
-        what is missing, when there is no public causal score or no live draw with one.
+        "margin": {point, lo, hi}, "tolerance", "reason"}``: ``public`` and ``live`` are
+        margins over the random reference (``live`` pools the draws that have one,
+        :func:`pool_draws`) and ``margin`` is ``live - public`` (:func:`live_margin`); None for
+        what is missing.
     """
     if tol is None:
         from benchmark.causal.score import CROSS_MACHINE_TOLERANCE
 
         tol = CROSS_MACHINE_TOLERANCE
-    public = _causal_of(public_suite, est)
-    scored = [(d.get("draw_id"), _causal_of(d.get("suite"), est)) for d in live_draws]
+    public = _margin_of(public_suite)
+    scored = [(d.get("draw_id"), _margin_of(d.get("suite"))) for d in live_draws]
     scored = [(i, c) for i, c in scored if c is not None]
     live = None
     if scored:
@@ -594,24 +585,32 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
                 "n_draws": pooled["n"], "draw_ids": [i for i, _ in scored]}
     out = {"public": public, "live": live, "margin": None, "tolerance": tol}
     if public is None:
-        return out | {"verdict": INCONCLUSIVE,
-                      "reason": "no public causal score to compare with (causal not run)"}
+        return out | {"verdict": INCONCLUSIVE, "reason": "no public margin over the random "
+                      "reference to compare with (causal not run)"}
     if live is None:
         why = ("no live draw" if not live_draws else
                f"none of the {len(live_draws)} live draw(s) has a causal score")
         return out | {"verdict": INCONCLUSIVE, "reason": why}
-    margin = live_margin(public, live)
-    verdict = not_below(margin, tol)
-    if verdict == FAIL:
-        reason = (f"the live score lies significantly below the public one (the upper end of "
-                  f"live - public, {margin['hi']:.3f}, is below -{tol})")
-    elif verdict == PASS:
-        reason = "the live score is not significantly below the public one"
-    elif margin["hi"] <= tol:
-        reason = (f"decided by less than the cross-machine tolerance (the upper end of "
-                  f"live - public, {margin['hi']:.3f}, is within {tol} of 0)")
-    else:
-        reason = (f"too little data to tell: live - public's interval is "
-                  f"{margin['hi'] - margin['lo']:.3f} wide (> {MAX_WIDTH}) and reaches below 0")
-    return out | {"margin": margin, "verdict": verdict, "reason": reason}
+    out["margin"] = live_margin(public, live)
+
+    def show(m: Mapping) -> str:
+        return f"{m['point']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
+
+    if not public["lo"] > tol:
+        return out | {"verdict": PASS, "reason": (
+            f"{est} is not significantly above the random reference in public "
+            f"({show(public)}, lower end <= {tol}): nothing to carry over")}
+    if live["lo"] > tol:
+        return out | {"verdict": PASS, "reason": (
+            f"{est} is above the random reference in public ({show(public)}) and on the panel "
+            f"({show(live)})")}
+    if live["hi"] + tol < public["lo"]:
+        return out | {"verdict": FAIL, "reason": (
+            f"{est} is significantly above the random reference in public ({show(public)}) but "
+            f"not on the panel ({show(live)}), and significantly below its public margin there "
+            f"(upper end + {tol} < {public['lo']:+.3f}): its public score does not carry over "
+            "to new runs")}
+    return out | {"verdict": INCONCLUSIVE, "reason": (
+        f"{est} is at the random reference on the panel ({show(live)}) but not significantly "
+        f"below its public margin ({show(public)}): too little to tell")}
 

@@ -35,8 +35,8 @@ ITEM_TITLES = {1: "magnitude: beats norm-only and advantage-only",
                7: "precision of the estimate: intervals <= 0.15 wide",
                10: "causal: above the random band, norm-only, step-order and the strongest "
                    "control",
-               11: "live: the live score (runs drawn fresh from the task family) is not "
-                   "significantly below the public one"}
+               11: "live: the margin over the random reference carries over from the public "
+                   "release to runs drawn fresh from the task family"}
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,9 @@ LEGEND = (
     "the open view (docs/evaluation.md), so open entries are ranked and compared by the causal "
     "score only. Suite tables: **live** = the suite causal score on runs drawn "
     "fresh from the task family at scoring time (mean over the n live draws, with its 95% "
-    "interval; - = no live draw); **11** = checklist item 11, the live score is not "
-    "significantly below the public one (it counts toward the verdict only where live draws "
-    "exist)."
+    "interval; - = no live draw); **11** = checklist item 11, the margin over the random "
+    "reference carries over from the public release to the live draws (it counts toward the "
+    "verdict only where live draws exist)."
 )
 
 

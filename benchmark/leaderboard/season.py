@@ -166,8 +166,10 @@ SEASON_TEXT = (
     "(`dev rank` is the rank it would give). Provisional entries (frozen after the panel) show "
     "in brackets the rank they would have, and are ranked from the next panel on. The board's "
     "verdict is the panel's: `panel checks` counts, per checklist item, the measurable places of "
-    "the panel's draws that pass; `item 11`: the panel score is not significantly below the "
-    "public one; `panel verdict` combines every draw's strict verdict with item 11.")
+    "the panel's draws that pass; `item 11`: the margin over the random reference carries over "
+    "from the public release to the panel (fails an entry above it in public, at it on the "
+    "panel and significantly below its public margin there); `panel verdict` combines every "
+    "draw's strict verdict with item 11.")
 
 
 def _iv_text(d: dict | None) -> str:

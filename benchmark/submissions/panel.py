@@ -17,8 +17,8 @@ Draws are float64 builds: a draw id trains the same run on every machine, and it
   redraw and that checkpoint (sha256 in the panel file) decide the run on every machine.
 * ``submissions/<name>/panel.json``: the entry's results on every draw (the full results document
   of ``evaluate`` on the draw's release, so the board pairs entries draw by draw), its pooled panel
-  score, checklist item 11 (its panel score not significantly below its public one) and its panel
-  verdict (every draw's verdict and item 11).
+  score, checklist item 11 (its margin over the random reference carries over from the public
+  release to the panel) and its panel verdict (every draw's verdict and item 11).
 
 An entry is **ranked** when the panel lists it with the sha256 of its ``estimator.py``; one frozen
 (submitted or changed) later is **provisional**: scored on the panel and shown, not ranked, until
@@ -436,7 +436,7 @@ def panel_summary(public: dict, draws: list[dict], season: str) -> dict:
     Returns:
         ``{"causal_score": {point, lo, hi} | None, "per_draw": {id: {point, lo, hi} | None},
         "item": item 11's checklist entry, "verdict"}``: the verdict combines every draw's
-        overall verdict with item 11 (the panel score not significantly below the public one).
+        overall verdict with item 11 (the margin over the random reference carries over).
     """
     from benchmark.causal.score import interval, settings_of
     from benchmark.checklist import ITEMS, live_item
