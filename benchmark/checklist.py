@@ -538,6 +538,25 @@ def _margin_of(suite: object) -> dict | None:
     return {k: float(d[k]) for k in ("point", "lo", "hi")}
 
 
+def carry_over(public: Mapping[str, float], live: Mapping[str, float], tol: float) -> str:
+    """Whether a margin over the random reference carries over to other runs: the case.
+
+    Item 11's rule and the fresh-draw gate's (:func:`benchmark.live.live_gate`), in one place.
+    ``public`` and ``live`` are margins ``{point, lo, hi}``. Returns ``"unclaimed"`` (the public
+    margin's lower end is not above ``tol``), ``"above"`` (the live one's is), ``"fell"`` (the
+    live margin's upper end + ``tol`` lies below the public lower end: significantly below the
+    claim) or ``"at the reference"`` (neither: at the random reference live, within reach of
+    the claim).
+    """
+    if not public["lo"] > tol:
+        return "unclaimed"
+    if live["lo"] > tol:
+        return "above"
+    if live["hi"] + tol < public["lo"]:
+        return "fell"
+    return "at the reference"
+
+
 def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
               tol: float | None = None) -> dict:
     """Item 11 from the public suite and the live (season-panel) draws' suites of one estimator.
@@ -556,6 +575,8 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
       public score does not carry over to new runs (an answer key, a memorizer);
     * **inconclusive** otherwise (at the random reference live, within reach of the public
       margin: too little to tell), or when either side has no margin.
+
+    The cases are :func:`carry_over`'s.
 
     Args:
         public_suite: ``results["suite"]`` with ``vs_random`` ``{point, lo, hi}``.
@@ -596,15 +617,16 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
     def show(m: Mapping) -> str:
         return f"{m['point']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
 
-    if not public["lo"] > tol:
+    case = carry_over(public, live, tol)
+    if case == "unclaimed":
         return out | {"verdict": PASS, "reason": (
             f"{est} is not significantly above the random reference in public "
             f"({show(public)}, lower end <= {tol}): nothing to carry over")}
-    if live["lo"] > tol:
+    if case == "above":
         return out | {"verdict": PASS, "reason": (
             f"{est} is above the random reference in public ({show(public)}) and on the panel "
             f"({show(live)})")}
-    if live["hi"] + tol < public["lo"]:
+    if case == "fell":
         return out | {"verdict": FAIL, "reason": (
             f"{est} is significantly above the random reference in public ({show(public)}) but "
             f"not on the panel ({show(live)}), and significantly below its public margin there "

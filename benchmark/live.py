@@ -357,16 +357,19 @@ def live_gate(public_suite: dict, live_suite: dict, est_name: str,
     pub, live = public_suite.get("vs_random"), live_suite.get("vs_random")
     if pub is None:
         return True, f"{est_name}: no public causal score against the random band; nothing claimed"
-    if not pub["lo"] > tol:
-        return True, (f"{est_name}: public score minus the random band {show(pub)} is not "
-                      f"significantly above it (lower end <= {tol}); nothing claimed")
-    if live is None:
+    from benchmark.checklist import carry_over
+
+    if live is None and pub["lo"] > tol:
         return True, (f"{est_name}: the live draw gives no causal score (no bonus effect on any "
                       f"task); public margin {show(pub)} not checked")
-    if live["lo"] > tol:
+    case = "unclaimed" if live is None else carry_over(pub, live, tol)
+    if case == "unclaimed":
+        return True, (f"{est_name}: public score minus the random band {show(pub)} is not "
+                      f"significantly above it (lower end <= {tol}); nothing claimed")
+    if case == "above":
         return True, (f"{est_name}: above the random band on the public release {show(pub)} and "
                       f"on the live draw {show(live)}")
-    if not live["hi"] + tol < pub["lo"]:
+    if case == "at the reference":
         # at the band on the live draw, but not significantly below its public margin: a weak
         # method barely above the band on one run and at it on another is not caught lying
         return True, (f"{est_name}: not significantly above the random band on the live draw "
