@@ -538,18 +538,27 @@ def _margin_of(suite: object) -> dict | None:
     return {k: float(d[k]) for k in ("point", "lo", "hi")}
 
 
-def carry_over(public: Mapping[str, float], live: Mapping[str, float], tol: float) -> str:
+def signed_interval(m: Mapping[str, float]) -> str:
+    """``{point, lo, hi}`` as ``+0.123 [+0.100, +0.150]`` (margins and differences)."""
+    return f"{m['point']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
+
+
+def carry_over(public: Mapping[str, float], live: Mapping[str, float] | None,
+               tol: float) -> str:
     """Whether a margin over the random reference carries over to other runs: the case.
 
     Item 11's rule and the fresh-draw gate's (:func:`benchmark.live.live_gate`), in one place.
-    ``public`` and ``live`` are margins ``{point, lo, hi}``. Returns ``"unclaimed"`` (the public
-    margin's lower end is not above ``tol``), ``"above"`` (the live one's is), ``"fell"`` (the
-    live margin's upper end + ``tol`` lies below the public lower end: significantly below the
-    claim) or ``"at the reference"`` (neither: at the random reference live, within reach of
-    the claim).
+    ``public`` and ``live`` are margins ``{point, lo, hi}`` (``live`` None: no margin there).
+    Returns ``"unclaimed"`` (the public margin's lower end is not above ``tol``), ``"unchecked"``
+    (claimed, but there is no live margin), ``"above"`` (the live margin's lower end is above
+    ``tol``), ``"fell"`` (the live margin's upper end + ``tol`` lies below the public lower end:
+    significantly below the claim) or ``"at the reference"`` (neither: at the random reference
+    live, within reach of the claim).
     """
     if not public["lo"] > tol:
         return "unclaimed"
+    if live is None:
+        return "unchecked"
     if live["lo"] > tol:
         return "above"
     if live["hi"] + tol < public["lo"]:
@@ -613,10 +622,7 @@ def live_item(public_suite: Mapping, live_draws: list[Mapping], est: str,
                f"none of the {len(live_draws)} live draw(s) has a causal score")
         return out | {"verdict": INCONCLUSIVE, "reason": why}
     out["margin"] = live_margin(public, live)
-
-    def show(m: Mapping) -> str:
-        return f"{m['point']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
-
+    show = signed_interval
     case = carry_over(public, live, tol)
     if case == "unclaimed":
         return out | {"verdict": PASS, "reason": (

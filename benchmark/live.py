@@ -351,18 +351,17 @@ def live_gate(public_suite: dict, live_suite: dict, est_name: str,
     Returns:
         ``(ok, reason)``; the reason states both margins.
     """
-    def show(m: dict) -> str:
-        return f"{m['point']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]"
+    from benchmark.checklist import carry_over, signed_interval
+
+    show = signed_interval
 
     pub, live = public_suite.get("vs_random"), live_suite.get("vs_random")
     if pub is None:
         return True, f"{est_name}: no public causal score against the random band; nothing claimed"
-    from benchmark.checklist import carry_over
-
-    if live is None and pub["lo"] > tol:
+    case = carry_over(pub, live, tol)
+    if case == "unchecked":
         return True, (f"{est_name}: the live draw gives no causal score (no bonus effect on any "
                       f"task); public margin {show(pub)} not checked")
-    case = "unclaimed" if live is None else carry_over(pub, live, tol)
     if case == "unclaimed":
         return True, (f"{est_name}: public score minus the random band {show(pub)} is not "
                       f"significantly above it (lower end <= {tol}); nothing claimed")

@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from replay_floor import _step, state_at  # noqa: E402  (the same step and warm-up)
 
 
 def engine_at(rev: str):
@@ -65,17 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         stack = mod.Stack.of([state] * a.k)
         t0 = time.perf_counter()
         for step in range(a.first, a.first + a.steps):
-            resp = sr.sample_step(stack, step)
-            sr.update(stack, step, resp, [sr.advantages(step, r, frozenset(), None)
-                                          for r in resp])
+            _step(sr, stack, step)
         return time.perf_counter() - t0, stack
 
-    warm = now.Stack.of([engines["working tree"].start])
-    sr = engines["working tree"]
-    for step in range(a.first):
-        resp = sr.sample_step(warm, step)
-        sr.update(warm, step, resp, [sr.advantages(step, resp[0], frozenset(), None)])
-    state = warm.state(0, a.first)
+    state = state_at(engines["working tree"], a.first, now.Stack)
     best, stacks = {}, {}
     for r in range(a.rounds + 1):  # round 0 fills the shape caches; not counted
         for name in engines:

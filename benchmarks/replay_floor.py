@@ -9,7 +9,9 @@ process and one thread:
 * **engine rate**: the stacked engine's replay steps per second at ``K`` replays per batch, as
   FLOP/s;
 * **machine rate**: ``torch.mm`` in float64 on the engine's largest shape, run in the same
-  process (the ceiling a replay could reach if it were nothing but matrix products);
+  process (the ceiling a replay could reach if it were nothing but matrix products), measured
+  again right before each timing: on a shared or virtual machine the rate drifts by tens of
+  percent within a minute, and a share is only meaningful against the rate beside it;
 
 * **products alone**: every matrix product the engine called in those steps (``mm``, ``bmm``,
   ``addmm``, ``baddbmm``, forward and backward, recorded with their shapes and strides by a
@@ -38,9 +40,18 @@ sys.path.insert(0, str(ROOT))
 
 
 def _step(sr, stack, step: int) -> None:
+    """One replay step of every replay in ``stack`` (nothing removed)."""
     resp = sr.sample_step(stack, step)
     advs = [sr.advantages(step, r, frozenset(), None) for r in resp]
     sr.update(stack, step, resp, advs)
+
+
+def state_at(sr, first: int, stack_cls) -> dict:
+    """The baseline's state after ``first`` steps from the start (``stack_cls``: the Stack)."""
+    warm = stack_cls.of([sr.start])
+    for step in range(first):
+        _step(sr, warm, step)
+    return warm.state(0, first)
 
 
 _PRODUCTS = ("mm", "bmm", "addmm", "baddbmm")
@@ -133,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     sr = S.StackedReplay.of_seed(ReplaySeed(rel.path / f"seed{rel.seeds[0]}",
                                             precision="float64"))
     first = 20  # a step inside the first bonus window (responses of a trained policy)
-    warm = S.Stack.of([sr.start])
-    for step in range(first):
-        _step(sr, warm, step)
-    state = warm.state(0, first)
+    state = state_at(sr, first, S.Stack)
     counter = FlopCounterMode(display=False)
     with counter:
         stack = S.Stack.of([state])
@@ -149,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = S.Stack.of([state] * k)
         _step(sr, stack, first)  # shape checks and caches outside the timing
         stack = S.Stack.of([state] * k)
+        mm_engine = mm_rate(0.5)  # the machine's rate right beside each timing (a VM's drifts)
         t0 = time.perf_counter()
         for step in range(first, first + a.steps):
             _step(sr, stack, step)
@@ -156,14 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         stack = S.Stack.of([state] * k)
         calls = record_products(lambda: [_step(sr, stack, st)  # noqa: B023 (run at once)
                                          for st in range(first, first + a.steps)])
+        mm_products = mm_rate(0.5)
         p_sec, p_flops = products_seconds(calls)
         p_per = p_sec / (a.steps * k)
         rows.append({"K": k, "s per replay step": round(per, 4),
                      "GFLOP/s": round(flops / per / 1e9, 2),
-                     "share of mm rate": round(flops / per / machine, 3),
+                     "mm GFLOP/s beside it": round(mm_engine / 1e9, 1),
+                     "share of mm rate": round(flops / per / mm_engine, 3),
                      "products alone: s per replay step": round(p_per, 4),
                      "products' share of the time": round(p_per / per, 2),
-                     "products alone: share of mm rate": round(flops / p_per / machine, 3),
+                     "products alone: share of mm rate (mm beside it)":
+                         f"{flops / p_per / mm_products:.3f} ({mm_products / 1e9:.1f})",
                      "workload s (engine)": round(a.slice_steps * per / a.workers, 1)})
         if k == a.k[-1]:
             print(f"products recorded at K = {k}: {len(calls)} calls, "
@@ -172,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cpu_name()}; one thread per worker, {a.workers} workers; release {rel.release_id}")
     print(f"work: {flops / 1e9:.3f} GFLOP per replay step (matrix products and attention, "
           f"forward and backward, steps {first}-{first + a.steps - 1})")
-    print(f"machine: float64 torch.mm {machine / 1e9:.1f} GFLOP/s per thread")
+    print(f"machine: float64 torch.mm {machine / 1e9:.1f} GFLOP/s per thread (2 s, before the "
+          "rows; each share below is against the mm rate measured just before its own timing)")
     print(tabulate(rows, headers="keys", tablefmt="github"))
     print(f"workload: {a.slice_steps} replay steps = {a.slice_steps * flops / 1e12:.2f} TFLOP; "
           f"floor at the mm rate on {a.workers} workers: {floor:.1f} s")

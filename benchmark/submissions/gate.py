@@ -120,6 +120,7 @@ def attack_panel_checks(reports: list, panel) -> None:
     panel comparison of :func:`benchmark.submissions.panel.panel_pair`). A failure is recorded in
     the attack's report: public answers bought rank on runs they do not describe.
     """
+    from benchmark.checklist import signed_interval
     from benchmark.io import read_json
     from benchmark.submissions.panel import PANEL_FILE, panel_pair
 
@@ -137,7 +138,7 @@ def attack_panel_checks(reports: list, panel) -> None:
             continue
         if diff is None:
             continue
-        shown = f"{diff['point']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]"
+        shown = signed_interval(diff)
         if diff["verdict"] == "better":
             ra.error = (f"attack control ranks above its base {base!r} on the season panel "
                         f"(panel score difference {shown}): public answers bought rank")
