@@ -43,6 +43,9 @@ LIVE_N_RANDOM = 4
 LIVE_DRAW_ENV = "BT_BENCH_LIVE_DRAW"
 #: build and reference times of a live release, beside its manifest (not one of its files)
 LIVE_FILE = "live.json"
+#: the cached draw's seal: an HMAC of its identity and manifest under this machine's key
+#: (:mod:`benchmark.seal`), beside the manifest; a draw without a valid one is rebuilt
+SEAL_FILE = "live.seal"
 #: draw ids are drawn uniformly from ``[0, DRAW_ID_RANGE)``
 DRAW_ID_RANGE = 2**31
 
@@ -114,14 +117,16 @@ def cached_release(draw_id: int, scale: str = LIVE_SCALE) -> Path | None:
     """The cached live release of ``draw_id`` when it is complete and verifies, else None.
 
     Complete: its manifest verifies (every file's sha256), records this family version, draw id
-    and scale, and lists a causal reference for every seed.
+    and scale, lists a causal reference for every seed, and the folder carries this machine's
+    seal over that manifest (:func:`seal_draw`): a draw whose files were edited with the manifest
+    rewritten to match, or one brought from another machine's cache, is not taken on its word.
     """
     from benchmark.build.family import FAMILY_VERSION
     from benchmark.causal.score import CAUSAL_FILE
     from benchmark.releases.release import MANIFEST, load_release
 
     path = live_dir(draw_id, scale)
-    if not (path / MANIFEST).is_file():
+    if not (path / MANIFEST).is_file() or not _sealed(path, draw_id, scale):
         return None
     try:
         rel = load_release(path, verify=True)
@@ -134,6 +139,32 @@ def cached_release(draw_id: int, scale: str = LIVE_SCALE) -> Path | None:
             any(f"seed{s}/{CAUSAL_FILE}" not in files for s in rel.seeds):
         return None
     return path
+
+
+def _seal_parts(path: Path, draw_id: int, scale: str) -> tuple:
+    from benchmark.build.family import FAMILY_VERSION
+    from benchmark.releases.release import MANIFEST
+
+    return ("bt-bench live draw", scale, str(int(draw_id)), FAMILY_VERSION,
+            (Path(path) / MANIFEST).read_bytes())
+
+
+def seal_draw(path: Path, draw_id: int, scale: str) -> None:
+    """Write the draw folder's seal (:data:`SEAL_FILE`) under this machine's key."""
+    from benchmark.io import atomic_write_text
+    from benchmark.seal import tag
+
+    atomic_write_text(Path(path) / SEAL_FILE, tag(*_seal_parts(path, draw_id, scale)))
+
+
+def _sealed(path: Path, draw_id: int, scale: str) -> bool:
+    from benchmark.seal import verify
+
+    try:
+        return verify((Path(path) / SEAL_FILE).read_text(encoding="ascii", errors="replace"),
+                      *_seal_parts(path, draw_id, scale))
+    except OSError:
+        return False
 
 
 def live_release(draw_id: int, scale: str = LIVE_SCALE, progress: bool = True,
@@ -180,6 +211,7 @@ def live_release(draw_id: int, scale: str = LIVE_SCALE, progress: bool = True,
     try:
         timings = _build(draw_id, scale, tmp, progress, workers, pin)
         _json_dump(tmp / LIVE_FILE, timings)
+        seal_draw(tmp, draw_id, scale)
         try:
             os.rename(tmp, final)
         except OSError:  # another process put the same draw in place first
@@ -256,11 +288,9 @@ def _move_store(root: Path, built_sha: str, final_sha: str) -> None:
     """
     from benchmark.causal.replays import open_store
 
-    src = open_store(root, built_sha).dir
-    dst = open_store(root, final_sha).dir
-    if src.is_dir() and not dst.exists():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(src, dst)
+    src, dst = open_store(root, built_sha), open_store(root, final_sha)
+    if src.dir.is_dir() and not dst.dir.exists():
+        dst.adopt(src)
 
 
 def _remove_stale(final: Path) -> None:

@@ -36,10 +36,16 @@ def private_cache(tmp_path_factory):
         return
     path = tmp_path_factory.mktemp("bt-bench-cache")
     os.environ["BT_BENCH_CACHE"] = str(path)
+    # the key that seals cache entries (benchmark.seal) lives outside the cache, as it must
+    key_set = "BT_BENCH_CACHE_KEY" not in os.environ
+    if key_set:
+        os.environ["BT_BENCH_CACHE_KEY"] = str(tmp_path_factory.mktemp("bt-bench-key") / "key")
     try:
         yield path
     finally:
         del os.environ["BT_BENCH_CACHE"]
+        if key_set:
+            del os.environ["BT_BENCH_CACHE_KEY"]
 
 
 @pytest.fixture(scope="session")

@@ -123,8 +123,9 @@ def test_live_release_is_a_release_with_a_lean_reference(live5):
     assert ref["lean"] is True and ref["n_random"] == L.LIVE_N_RANDOM
     assert "exact_replay" not in ref and "seconds" not in ref
     for t in rel.tasks:
-        assert "provenance" not in ref["tasks"][t]["methods"]
-        assert {"oracle", "norm-only", "step-order", "text-only"} <= set(ref["tasks"][t]["methods"])
+        # both reference rows: a season panel screens draws by the stronger of the two
+        assert {"oracle", "provenance", "norm-only", "step-order", "text-only"} <= \
+            set(ref["tasks"][t]["methods"])
         assert all(len(lvl["sets"]) == L.LIVE_N_RANDOM for lvl in ref["tasks"][t]["random"])
     t = L.live_timings(live5)
     assert t["draw_id"] == DRAW and t["build_seconds"] > 0 and t["reference_seconds"] > 0
@@ -167,6 +168,45 @@ def test_same_id_reuses_the_cache_and_rebuilds_the_same_run(live5, monkeypatch, 
             "trajectory_sha256"] == run
         assert not stale.exists()
     finally:  # put the first build back (the replay store is keyed by its manifest)
+        shutil.rmtree(live5)
+        shutil.copytree(keep, live5)
+
+
+def test_a_cached_draw_edited_with_its_manifest_rewritten_is_rebuilt(live5, tmp_path,
+                                                                      monkeypatch, capsys):
+    """Issue 39: a cached live draw is bound to this machine's key. Edit its causal reference
+    and rewrite the manifest entry to match (what someone with write access to the cache, or a
+    restored CI cache, can do): the manifest still verifies, the seal does not, so
+    ``cached_release`` refuses it and ``live build`` rebuilds it; the same holds for a draw
+    sealed under another machine's key (a cache brought from elsewhere)."""
+    import shutil
+
+    from benchmark.releases.format import sha256_file
+    from benchmark.releases.release import MANIFEST, load_release
+    from benchmark.seal import KEY_ENV
+
+    keep = tmp_path / "keep"
+    shutil.copytree(live5, keep)
+    try:
+        causal = next(live5.glob("seed*/causal.json"))
+        doc = json.loads(causal.read_text())
+        t = next(iter(doc["tasks"]))
+        doc["tasks"][t]["bonus_off"]["effect"] = -0.999  # a made-up number
+        causal.write_text(json.dumps(doc))
+        man = json.loads((live5 / MANIFEST).read_text())
+        rel = causal.relative_to(live5).as_posix()
+        man["files"][rel] = {"sha256": sha256_file(causal), "size": causal.stat().st_size}
+        (live5 / MANIFEST).write_text(json.dumps(man))
+        load_release(live5, verify=True)  # the forgery passes the manifest check ...
+        assert L.cached_release(DRAW, SCALE) is None  # ... not the seal
+        assert main(["live", "build", str(DRAW), "--scale", SCALE, "--no-progress"]) == 0
+        assert "built in" in capsys.readouterr().out  # rebuilt, not found in the cache
+        assert json.loads(causal.read_text())["tasks"][t]["bonus_off"]["effect"] != -0.999
+        assert L.cached_release(DRAW, SCALE) == live5
+        # the same genuine files under another machine's key: rebuilt too
+        monkeypatch.setenv(KEY_ENV, str(tmp_path / "other.key"))
+        assert L.cached_release(DRAW, SCALE) is None
+    finally:
         shutil.rmtree(live5)
         shutil.copytree(keep, live5)
 

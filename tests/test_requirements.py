@@ -132,8 +132,10 @@ def wheels(tmp_path_factory) -> Path:
 
 
 def _leftovers(cache: Path) -> list[str]:
+    """The cached environments (each one's seal, ``<key>.seal``, beside it is not counted)."""
     envs = cache / "envs"
-    return sorted(p.name for p in envs.iterdir()) if envs.is_dir() else []
+    return sorted(p.name for p in envs.iterdir() if not p.name.endswith(".seal")) \
+        if envs.is_dir() else []
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +212,36 @@ def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
     again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
     assert any("pip" in c for c in calls)
     assert (again.prefix / R.MARKER).is_file() and _leftovers(tmp_path) == [again.prefix.name]
+
+
+def test_an_environment_edited_in_place_or_sealed_elsewhere_is_rebuilt(tmp_path, wheels,
+                                                                        monkeypatch):
+    """Issue 39: an installed environment is bound to this machine's key by a seal over every
+    file; a library file edited after the install (what would change an entry's scores from the
+    cache), or an environment brought from another machine's cache, is reinstalled."""
+    from benchmark.seal import KEY_ENV
+
+    env = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
+    assert (tmp_path / "envs" / f"{env.prefix.name}.seal").is_file()
+    mod = next(env.prefix.rglob("btb_fixture_ok/__init__.py"))
+    mod.write_text(mod.read_text().replace("42", "43"))
+    calls = []
+    real = R.subprocess.run
+
+    def counting(*a, **k):
+        calls.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(R.subprocess, "run", counting)
+    again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
+    assert any("pip" in c for c in calls)
+    assert "42" in next(again.prefix.rglob("btb_fixture_ok/__init__.py")).read_text()
+    calls.clear()
+    assert ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels)) == again
+    assert not calls  # sealed: reused as it is
+    monkeypatch.setenv(KEY_ENV, str(tmp_path / "other.key"))  # another machine's key
+    ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
+    assert any("pip" in c for c in calls)
 
 
 def test_an_uninstallable_pin_is_a_clear_error_and_leaves_nothing(tmp_path, wheels):

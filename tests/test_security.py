@@ -46,7 +46,8 @@ def _plant_pt(path: Path, marker: Path, around: dict | None = None) -> None:
 
 def _plant_npy(path: Path, marker: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, np.array([_Payload(marker)], dtype=object), allow_pickle=True)
+    with open(path, "wb") as fh:  # a file object: np.save would append .npy to other names
+        np.save(fh, np.array([_Payload(marker)], dtype=object), allow_pickle=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,15 +62,22 @@ def store(tmp_path):
                        machine={"key": "test-machine"})
 
 
+def _sealed(store, path: Path, plant) -> None:
+    """Plant a file through ``plant(path)`` and seal it as the store would: even an entry that
+    carries a valid seal (written by a buggy or older bt-bench) is never unpickled."""
+    store.put(path, lambda p: plant(p))
+
+
 def test_replay_store_never_unpickles_a_planted_entry(store, tmp_path):
     from benchmark.causal.store import Job, baseline_job
 
     marker = tmp_path / "PAYLOAD_RAN"
     base = store.path(baseline_job(0))
-    _plant_pt(base, marker, {"measures": {}, "stops": {}, "first_divergent_step": None})
-    _plant_pt(store.state_path(0, 0), marker)
+    _sealed(store, base, lambda p: _plant_pt(
+        p, marker, {"measures": {}, "stops": {}, "first_divergent_step": None}))
+    _sealed(store, store.state_path(0, 0), lambda p: _plant_pt(p, marker))
     job = Job(0, "zorp", (1, 2), 3, 4)
-    _plant_npy(store.path(job), marker)
+    _sealed(store, store.path(job), lambda p: _plant_npy(p, marker))
 
     with pytest.raises(UnsafeFileError, match=r"baseline\.pt: refused to load .*GLOBAL "
                                               r"posix\.system.*never pickled objects; delete"):
@@ -88,28 +96,59 @@ def test_replay_store_never_unpickles_a_planted_entry(store, tmp_path):
 def test_replay_store_reads_the_files_it_writes(store):
     """The on-disk format is unchanged (numpy measures inside baseline.pt), so existing stores
     stay valid; a file of the wrong form is refused."""
-    from benchmark.causal.store import Job, _save_npy, baseline_job, write_atomically
+    from benchmark.causal.store import Job, _save_npy, baseline_job
 
     out = {"measures": {"zorp": np.linspace(0, 1, 5)[:4]}, "stops": {"zorp": 3},
            "first_divergent_step": None}
-    write_atomically(store.path(baseline_job(0)), lambda p: torch.save(out, p))
+    store.put(store.path(baseline_job(0)), lambda p: torch.save(out, p))
     state = {"step": 10, "params": {"w": torch.ones(2, 3, dtype=torch.float64)},
              "exp_avg": {"w": torch.zeros(2, 3, dtype=torch.float64)},
              "exp_avg_sq": {"w": torch.zeros(2, 3, dtype=torch.float64)}}
-    write_atomically(store.state_path(0, 10), lambda p: torch.save(state, p))
+    store.put(store.state_path(0, 10), lambda p: torch.save(state, p))
     job = Job(0, "zorp", (1,), 3, 4)
-    _save_npy(store.path(job), np.arange(4.0))
+    _save_npy(store, store.path(job), np.arange(4.0))
     assert store.has(baseline_job(0)) and store.has(job)
     assert np.array_equal(store.baseline(0)["measures"]["zorp"], out["measures"]["zorp"])
     assert torch.equal(store.state(0, 10)["params"]["w"], state["params"]["w"])
     assert np.array_equal(store.result(job), np.arange(4.0))
     with pytest.raises(UnsafeFileError, match=r"not a replay state of step 20"):
-        torch.save(state, store.state_path(0, 20))
+        store.put(store.state_path(0, 20), lambda p: torch.save(state, p))
         store.state(0, 20)
-    np.save(store.path(job), np.zeros((2, 2)))
+    store.put(store.path(job), lambda p: np.save(open(p, "wb"), np.zeros((2, 2))))
     with pytest.raises(UnsafeFileError, match=r"shape \(2, 2\); expected float64 array of 1 "
                                               r"dimensions; delete it"):
         store.result(job)
+
+
+def test_a_replay_store_entry_edited_in_place_or_copied_from_elsewhere_is_rebuilt(
+        store, tmp_path, monkeypatch):
+    """Issue 39: a store entry is bound to this machine's key. An edited value (its form still
+    right), an unsealed file, a seal copied beside other bytes, and a whole entry sealed under
+    another machine's key are all refused and dropped, so they are replayed again."""
+    from benchmark.causal.store import Job, _save_npy
+    from benchmark.seal import KEY_ENV
+
+    job = Job(0, "zorp", (1,), 3, 4)
+    _save_npy(store, store.path(job), np.arange(4.0))
+    assert store.has(job)
+    # edited in place: the right form, another number (what would move a causal score)
+    np.save(store.path(job), np.arange(4.0) + 0.5)
+    with pytest.raises(UnsafeFileError, match=r"seal is missing or does not match.*delete it"):
+        store.result(job)
+    assert not store.has(job) and not store.path(job).exists()
+    # planted without a seal (the refused entry's seal went with it)
+    assert not store.path(job).with_name(store.path(job).name + ".seal").exists()
+    np.save(store.path(job), np.arange(4.0) + 0.5)
+    assert not store.has(job)
+    # a genuine entry, then the same bytes and seal under another key (a restored CI cache)
+    _save_npy(store, store.path(job), np.arange(4.0))
+    assert store.has(job)
+    monkeypatch.setenv(KEY_ENV, str(tmp_path / "other-machine.key"))
+    from benchmark.causal.store import ReplayStore
+
+    fresh = ReplayStore(store.release_path, store.manifest_sha256, root=store.root,
+                        machine=store.machine)
+    assert not fresh.has(job) and not fresh.path(job).exists()
 
 
 # ----------------------------------------------------------------------------------------------

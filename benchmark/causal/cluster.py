@@ -210,18 +210,18 @@ def _lane_task(release: str, manifest_sha256: str, machine: dict, lane: list,
     import torch
 
     from benchmark.causal.store import REPLAY_THREADS, Job, ReplayStore, run_lane
+    from benchmark.seal import SEAL_SUFFIX
 
     torch.set_num_threads(REPLAY_THREADS)
     with tempfile.TemporaryDirectory(prefix="bt-bench-ray-") as tmp:
         store = ReplayStore(Path(release), manifest_sha256, Path(tmp), machine=machine)
-        for rel, data in files.items():
-            p = store.dir / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
+        for rel, data in files.items():  # the driver's checked entries, sealed here anew
+            store.put(store.dir / rel, lambda p, data=data: p.write_bytes(data))
         t0 = time.perf_counter()
         facts = run_lane(store, [(int(s), [Job.from_dict(j) for j in js]) for s, js in lane], {})
         out = {str(p.relative_to(store.dir)): p.read_bytes()
                for p in sorted(store.dir.rglob("*")) if p.is_file()
+               and not p.name.endswith(SEAL_SUFFIX)  # seals are the driver's to write
                and str(p.relative_to(store.dir)) not in files}
         return {"files": out, "batches": facts, "seconds": round(time.perf_counter() - t0, 2)}
 
@@ -234,7 +234,7 @@ def run_lanes_ray(store, lanes: list, bar) -> list[dict]:
             that finished are installed first, so a rerun continues from them).
     """
     ray = _ray()
-    from benchmark.causal.store import baseline_job, batch_start, write_atomically
+    from benchmark.causal.store import baseline_job, batch_start
 
     task = ray.remote(num_cpus=1, max_retries=1)(_lane_task)
     refs = []
@@ -242,10 +242,12 @@ def run_lanes_ray(store, lanes: list, bar) -> list[dict]:
         files = {}
         for seed, jobs in lane:
             base = store.path(baseline_job(seed))
-            if not base.exists():
+            if not store.has(baseline_job(seed)):
                 continue
+            start = batch_start(store.release_path, seed, jobs)
+            store.state(seed, start)  # its seal and form, before a worker trusts it
             files[str(base.relative_to(store.dir))] = base.read_bytes()
-            st = store.state_path(seed, batch_start(store.release_path, seed, jobs))
+            st = store.state_path(seed, start)
             files[str(st.relative_to(store.dir))] = st.read_bytes()
         spec = [[s, [j.to_dict() for j in js]] for s, js in lane]
         refs.append(task.remote(str(store.release_path), store.manifest_sha256, store.machine,
@@ -259,8 +261,8 @@ def run_lanes_ray(store, lanes: list, bar) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - a task's error, reported below
             errors.append(str(exc)[-2000:])
             continue
-        for rel, data in res["files"].items():
-            write_atomically(store.dir / rel, lambda p, data=data: p.write_bytes(data))
+        for rel, data in res["files"].items():  # checked above; sealed under our key
+            store.put(store.dir / rel, lambda p, data=data: p.write_bytes(data))
         bar.update(sum(b["jobs"] for b in res["batches"]))
         facts.append({"batches": res["batches"], "seconds": res["seconds"]})
     if errors:
@@ -309,8 +311,7 @@ def _check_lane_result(res: object, store) -> dict:
             if not isinstance(data, bytes):
                 raise bad(f"{rel} as {type(data).__name__}, not bytes")
             path = probe.dir / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            probe.put(path, lambda p, data=data: p.write_bytes(data))  # form is checked next
             seed, name = int(rel.split("/")[0][4:]), Path(rel).name
             try:
                 if name == "baseline.pt":

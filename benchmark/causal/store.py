@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -99,10 +100,13 @@ class ReplayStore:
     (the baseline's parameters and AdamW moments before that step's update, every
     :data:`STATE_EVERY` steps) and ``<task>_<hash>.npy`` per removal (per-prompt measure).
 
-    The store is a cache another party could have written to: every file is read without
-    pickle (:func:`benchmark.io.load_plain`, :func:`benchmark.io.load_npy`) and checked for its
-    form; :meth:`has` drops an entry that fails (it is then rebuilt), the readers refuse it
-    with :class:`~benchmark.errors.UnsafeFileError`.
+    The store is a cache another party could have written to: every file is **sealed** when
+    written (an HMAC under this machine's key, :mod:`benchmark.seal`, over the file's bytes and
+    its place in the store) and read only when its seal holds, without pickle
+    (:func:`benchmark.io.load_plain`, :func:`benchmark.io.load_npy`) and checked for its form;
+    :meth:`has` drops an entry that fails (it is then rebuilt), the readers refuse it with
+    :class:`~benchmark.errors.UnsafeFileError`. An entry edited in place, or brought from another
+    machine's store (a restored CI cache), fails its seal and is rebuilt, never used.
     """
 
     #: what a refused entry's message tells the user
@@ -123,11 +127,50 @@ class ReplayStore:
         key = hashlib.sha256(json.dumps({
             "manifest": manifest_sha256, "machine": fp["key"], "version": REPLAY_VERSION,
             "mode": REPLAY_MODE, "precision": REPLAY_PRECISION, "threads": REPLAY_THREADS,
-            "row_order": row_order()}, sort_keys=True).encode()).hexdigest()
+            "row_order": row_order(), "sealed": 1}, sort_keys=True).encode()).hexdigest()
         self.root = Path(root) if root is not None else cache_root()
         self.dir = self.root / "replays" / key[:24]
         self.machine = fp
         self._checked: set[tuple[str, int, int]] = set()  # entries that loaded as they should
+
+    def _identity(self, path: Path) -> str:
+        """What a stored file's seal binds besides its bytes: this store and the file's place."""
+        return f"bt-bench replay store {self.dir.name}/{Path(path).relative_to(self.dir)}"
+
+    def put(self, path: Path, write) -> None:
+        """Write a store file by ``write(tmp)`` and a rename, then seal it (benchmark.seal)."""
+        from benchmark.seal import seal_file
+
+        write_atomically(path, write)
+        seal_file(path, self._identity(path))
+
+    def adopt(self, other: ReplayStore) -> None:
+        """Move ``other``'s entries (of the same run, under another manifest) into this store.
+
+        Each entry is moved only when its seal holds in ``other`` and is sealed anew for its
+        place here (a seal binds the store it was written in); a bad one is left behind.
+        """
+        from benchmark.seal import SEAL_SUFFIX, check_file, seal_file
+
+        for f in sorted(other.dir.rglob("*")):
+            if not f.is_file() or f.name.endswith(SEAL_SUFFIX) or f.name.startswith("."):
+                continue
+            if not check_file(f, other._identity(f)):
+                continue
+            dst = self.dir / f.relative_to(other.dir)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, dst)
+            seal_file(dst, self._identity(dst))
+        shutil.rmtree(other.dir, ignore_errors=True)
+
+    def _check_seal(self, path: Path) -> None:
+        """Raise :class:`UnsafeFileError` unless ``path`` is sealed under this machine's key."""
+        from benchmark.seal import check_file
+
+        if not check_file(path, self._identity(path)):
+            raise UnsafeFileError(
+                f"{path}: its seal is missing or does not match (the entry was edited, or written "
+                f"under another machine's key: a copied or restored cache); {self.FIX}")
 
     def path(self, job: Job) -> Path:
         """Where a job's result lives."""
@@ -155,6 +198,7 @@ class ReplayStore:
         except UnsafeFileError as exc:
             print(f"bt-bench: {exc}; deleted, it is rebuilt", file=sys.stderr)
             p.unlink(missing_ok=True)
+            p.with_name(p.name + ".seal").unlink(missing_ok=True)
             return False
         self._checked.add(mark)
         return True
@@ -166,6 +210,7 @@ class ReplayStore:
             UnsafeFileError: the file holds a pickled object or is not of this form.
         """
         path = self.path(baseline_job(seed))
+        self._check_seal(path)
         d = load_plain(path, self.FIX)
         ok = (isinstance(d, dict) and isinstance(d.get("measures"), dict)
               and isinstance(d.get("stops"), dict)
@@ -192,6 +237,7 @@ class ReplayStore:
         import torch
 
         path = self.state_path(seed, step)
+        self._check_seal(path)
         d = load_plain(path, self.FIX)
         keys = ("params", "exp_avg", "exp_avg_sq")
         ok = (isinstance(d, dict) and d.get("step") == step
@@ -212,6 +258,7 @@ class ReplayStore:
         d = self.dir / f"seed{seed}"
         for p in [self.path(baseline_job(seed)), *d.glob("state_*.pt")]:
             p.unlink(missing_ok=True)
+            p.with_name(p.name + ".seal").unlink(missing_ok=True)
 
     def result(self, job: Job) -> np.ndarray:
         """The stored ``(P,)`` float64 per-prompt probabilities of a removal (or bonus-off) job.
@@ -219,6 +266,7 @@ class ReplayStore:
         Raises:
             UnsafeFileError: a pickle, or not a 1-D float64 array.
         """
+        self._check_seal(self.path(job))
         return load_npy(self.path(job), self.FIX, dtype="float64", ndim=1)
 
 
@@ -250,12 +298,12 @@ def write_atomically(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
+def _save_npy(store: ReplayStore, path: Path, arr: np.ndarray) -> None:
     def write(p: Path) -> None:
         with open(p, "wb") as f:
             np.save(f, np.asarray(arr, np.float64))
 
-    write_atomically(path, write)
+    store.put(path, write)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,7 +356,7 @@ def run_batch_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
 
     def finished(m: Member) -> None:  # stored as soon as it is done: a crash keeps it
         job = by_key[m.key]
-        _save_npy(store.path(job), m.result[job.task])
+        _save_npy(store, store.path(job), m.result[job.task])
         if report is not None:
             report(job, time.perf_counter() - t0)
 
@@ -320,12 +368,12 @@ def run_batch_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
                    {s: tuple(t for t in stops if stops[t] == s) for s in set(stops.values())},
                    recorded_responses(store.release_path / f"seed{seed}", upto=last), finished)
         for step, state in res["states"].items():
-            write_atomically(store.state_path(seed, step),
-                    lambda p, state=state: __import__("torch").save(state, p))
+            store.put(store.state_path(seed, step),
+                      lambda p, state=state: __import__("torch").save(state, p))
         measures = {t: res["base"][s][t] for t, s in stops.items()}
         out = {"measures": measures, "stops": stops,
                "first_divergent_step": res["first_divergent_step"]}
-        write_atomically(store.path(base_job), lambda p: __import__("torch").save(out, p))
+        store.put(store.path(base_job), lambda p: __import__("torch").save(out, p))
         start = 0
     else:
         start = batch_start(store.release_path, seed, todo)

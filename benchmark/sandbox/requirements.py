@@ -263,8 +263,34 @@ def _remove_stale(envs: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _env_seal_parts(target: Path) -> tuple:
+    """What an environment's seal binds: its key (folder name) and every file's content."""
+    return ("bt-bench submission environment", target.name,
+            json.dumps(_snapshot(target), sort_keys=True))
+
+
+def _seal_env(target: Path) -> None:
+    """Seal an installed environment under this machine's key (``<envs>/<key>.seal``)."""
+    from benchmark.io import atomic_write_text
+    from benchmark.seal import tag
+
+    atomic_write_text(target.with_name(target.name + ".seal"), tag(*_env_seal_parts(target)))
+
+
 def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
-    """The cached environment at ``target`` when it is complete and matches ``pins``."""
+    """The cached environment at ``target`` when it is complete, matches ``pins`` and is sealed.
+
+    The seal (:mod:`benchmark.seal`) covers every file of the environment: one edited in place
+    (a library file changed after install) or an environment copied from elsewhere is rebuilt.
+    """
+    from benchmark.seal import verify
+
+    try:
+        if not verify(target.with_name(target.name + ".seal").read_text(encoding="ascii"),
+                      *_env_seal_parts(target)):
+            return None
+    except OSError:
+        return None
     try:
         marker = json.loads((target / MARKER).read_text(encoding="utf-8"))
         env = SubmissionEnv(target, tuple(marker["requirements"]),
@@ -347,6 +373,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
             if env is None:
                 raise
             return env
+        _seal_env(target)
         return SubmissionEnv(target, env.requirements, env.versions, env.core_site_dirs,
                              env.wheels)
     finally:
