@@ -136,6 +136,8 @@ def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_submissions(sub: argparse._SubParsersAction) -> None:
+    from benchmark.submissions.panel import MAX_CANDIDATES, MIN_CELLS
+
     p = sub.add_parser("submit", help="evaluate an estimator and write submissions/NAME/")
     p.add_argument("estimator", help="path of a .py file with one estimator class")
     p.add_argument("--name", required=True, help="submission name: lowercase letters, digits, -")
@@ -169,8 +171,13 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--no-live-check", action="store_true",
                    help="skip scoring every entry on a new live draw")
     v.add_argument("--no-panel-check", action="store_true",
-                   help="skip re-scoring every entry on the season panel's draws (local runs "
-                        "only: CI checks the panel)")
+                   help="skip the season panel's checks (local runs only: CI checks the panel)")
+    v.add_argument("--sample-seed", default=None, metavar="HEX",
+                   help="reproduce a run's sample of bound entries (printed by every run; "
+                        "default: $BT_BENCH_VERIFY_SAMPLE, else chosen at random)")
+    v.add_argument("--full", action="store_true",
+                   help="re-score every entry on the public release and every panel draw "
+                        "(maintainers, after panel new or a rescore; CI samples bound entries)")
     v.add_argument("--dump", default=None, metavar="DIR",
                    help="write each entry's recomputed results to DIR/<name>.json (compare two "
                         "runs byte for byte, e.g. before and after a refactor)")
@@ -179,22 +186,35 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=lambda a: _submissions().verify_command(a))
     pn = sub.add_parser("panel", help="season panels: the draws every entry is ranked on")
     psub = pn.add_subparsers(dest="panel_command", required=True)
-    new = psub.add_parser("new", help="maintainers: draw a new season panel (ids from secrets), "
-                                      "build its draws, score every submission on them, write "
-                                      "submissions/_panel/panel.json and each panel.json")
-    new.add_argument("--draws", type=int, default=3, metavar="N",
-                     help="draws in the panel, 3-8 (default 3)")
+    new = psub.add_parser("new", help="maintainers: draw a new season panel (a season seed from "
+                                      "secrets), screen candidate draws until enough measurable "
+                                      "cells, score every submission on them, bind their files, "
+                                      "write submissions/_panel/panel.json and each panel.json")
+    new.add_argument("--min-cells", type=int, default=MIN_CELLS, metavar="N",
+                     help=f"measurable (draw, task) cells the panel must hold (default "
+                          f"{MIN_CELLS})")
+    new.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES, metavar="N",
+                     help=f"candidates to screen before giving up (default {MAX_CANDIDATES})")
+    new.add_argument("--season-seed", default=None, metavar="HEX",
+                     help="resume an interrupted run with the seed it printed (32 hex digits)")
     new.add_argument("--scale", default=None,
                      help="run scale: family (default) or micro-family (tests)")
     new.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                      help="wall-time limit of each estimator's sandbox (default 600)")
-    show = psub.add_parser("show", help="print the current panel and its entries' panel scores")
+    show = psub.add_parser("show", help="print the panel: its screen, every candidate, the "
+                                        "cells, its power and the entries' panel scores")
     sc = psub.add_parser("score", help="(re)score submissions on the current panel and write "
                                        "their panel.json")
     sc.add_argument("names", nargs="+", help="submission names")
     sc.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                     help="wall-time limit of each estimator's sandbox (default 600)")
-    for q in (new, show, sc):
+    bd = psub.add_parser("bind", help="maintainers: bind entries' files (sha256) in the panel "
+                                      "file after review, so verify samples their numbers")
+    bd.add_argument("names", nargs="+", help="submission names")
+    scr = psub.add_parser("screen", help="rebuild one candidate draw from its pinned checkpoint "
+                                         "and screen it again (replays the selection)")
+    scr.add_argument("draw_id", type=int, help="a candidate's draw id (panel show lists them)")
+    for q in (new, show, sc, bd, scr):
         q.add_argument("--submissions-dir", default="submissions", help="default: ./submissions")
         q.add_argument("--no-progress", action="store_true", help="hide progress bars")
         _add_executor(q)
@@ -238,9 +258,9 @@ def _live_build(a: argparse.Namespace) -> int:
 
 
 def _panel():
-    from benchmark.submissions import panel
+    from benchmark.submissions import seasons
 
-    return panel
+    return seasons
 
 
 def _live():

@@ -325,3 +325,82 @@ def test_results_counts_sum_items_over_tasks_and_say_it_in_words():
     assert C.verdict_sentence(C.FAIL).startswith("FAIL: at least one gated item failed")
     assert C.count_places({"0": {"verdict": C.REPORTED}}) == {
         "pass": 0, "fail": 0, "inconclusive": 0, "not_counted": 0}
+
+
+# ---------------------------------------------------------------------------- the panel rule
+def test_panel_rule_by_hand():
+    """Pass: a strict majority passes and nothing fails significantly; fail: a strict majority
+    fails; everything else (ties, mixed evidence, nothing measurable) is inconclusive."""
+    rule = C.panel_rule
+    assert rule(7, 2, 0, 12) == "pass"          # 7 of 12 > half, no significant failure
+    assert rule(6, 0, 0, 12) == "inconclusive"  # exactly half is not a majority
+    assert rule(7, 1, 1, 12) == "inconclusive"  # a majority, but one significant failure
+    assert rule(11, 1, 1, 12) == "inconclusive"
+    assert rule(0, 7, 0, 12) == "fail"          # 7 of 12 fail (none significantly)
+    assert rule(5, 7, 3, 12) == "fail"
+    assert rule(3, 3, 0, 6) == "inconclusive"
+    assert rule(0, 0, 0, 0) == "inconclusive"
+    assert C.panel_verdict({"1": {"verdict": "pass"}, "10": {"verdict": "pass"}}, "pass") == "pass"
+    assert C.panel_verdict({"1": {"verdict": "pass"}}, "inconclusive") == "inconclusive"
+    assert C.panel_verdict({"1": {"verdict": "fail"}}, "pass") == "fail"
+
+
+def _place(verdict, **numbers):
+    return {"verdict": verdict, "numbers": numbers}
+
+
+def test_significant_fail_reads_the_deciding_interval_of_each_item():
+    sig = C.significant_fail
+    iv = lambda lo, hi, v="fail": {"point": (lo + hi) / 2, "lo": lo, "hi": hi, "verdict": v}  # noqa: E731
+    # item 1: a failed comparison with norm-only below 0 / merely not above it
+    assert sig(1, _place("fail", **{"norm-only": iv(-0.3, -0.1)}))
+    assert not sig(1, _place("fail", **{"norm-only": iv(-0.05, 0.05)}))
+    assert not sig(1, _place("pass", **{"norm-only": iv(-0.3, -0.1)}))  # only failed places
+    # item 2: the residualized AUC's bar is 0.5, the raw difference's is 0
+    assert sig(2, _place("fail", raw_minus_fluency=iv(-0.1, 0.1), residualized_auc=iv(0.3, 0.45)))
+    assert not sig(2, _place("fail", raw_minus_fluency=iv(-0.1, 0.1),
+                             residualized_auc=iv(0.45, 0.55)))
+    assert sig(2, _place("fail", raw_minus_fluency=iv(-0.2, -0.01),
+                         residualized_auc=iv(0.45, 0.55, "pass")))
+    # item 3: precision below chance, or the causal gate failed
+    assert sig(3, _place("fail", lo=0.05, hi=0.10, chance=0.2))
+    assert not sig(3, _place("fail", lo=0.15, hi=0.25, chance=0.2))
+    assert sig(3, _place("fail", lo=0.5, hi=0.6, chance=0.2, causal_gate={"verdict": "fail"}))
+    # item 4: the difference with step-order below 0, or the gate
+    assert sig(4, _place("fail", lo=-0.2, hi=-0.01))
+    assert not sig(4, _place("fail", lo=-0.1, hi=0.05))
+    # item 10: a failed check whose comparison lies below -tol (0.01)
+    checks = {"random_band": "pass", "step-order": "fail"}
+    assert sig(10, _place("fail", checks=checks, comparisons={
+        "random_band": iv(0.1, 0.2, "x"), "step-order": iv(-0.2, -0.02, "x")}))
+    assert not sig(10, _place("fail", checks=checks, comparisons={
+        "random_band": iv(0.1, 0.2, "x"), "step-order": iv(-0.2, -0.005, "x")}))  # within tol
+    assert not sig(10, _place("fail", checks=checks, comparisons={
+        "random_band": iv(0.1, 0.2, "x"), "step-order": iv(-0.02, 0.06, "x")}))
+
+
+def test_panel_items_count_measurable_places_over_draws():
+    iv = {"point": -0.1, "lo": -0.2, "hi": -0.05}
+    ok = {"point": 0.1, "lo": 0.05, "hi": 0.2}
+
+    def res(places):
+        return {"tasks": {"t": {"checklist": [
+            {"item": 10, "per": places},
+            {"item": 3, "per": {"s": {"verdict": "pass", "numbers": {}}}},
+            {"item": 5, "verdict": "pass"}]}}}
+
+    d1 = res({"1": {"verdict": "pass", "numbers": {"checks": {"a": "pass"},
+                                                  "comparisons": {"a": ok}}},
+              "2": {"verdict": "fail", "numbers": {"checks": {"a": "fail"},
+                                                  "comparisons": {"a": iv}}},
+              "3": {"verdict": "fail", "numbers": {"counted": False}}})
+    d2 = res({"1": {"verdict": "pass", "numbers": {}}, "2": {"verdict": "inconclusive"}})
+    items = C.panel_items([(11, d1), (12, d2)])
+    assert set(items) == {"1", "2", "3", "4", "10"}
+    ten = items["10"]
+    assert (ten["pass"], ten["fail"], ten["significant_fail"], ten["inconclusive"],
+            ten["not_counted"], ten["measurable"]) == (2, 1, 1, 1, 1, 4)
+    assert ten["failing"] == [{"place": "11/t/2", "significant": True}]
+    assert ten["verdict"] == "inconclusive"  # 2 of 4 pass: not a majority (and one sig. fail)
+    assert items["3"]["pass"] == 2 and items["3"]["verdict"] == "pass"
+    assert items["1"]["measurable"] == 0 and items["1"]["verdict"] == "inconclusive"

@@ -363,11 +363,18 @@ def _season_files(root: Path, names: list[str], ranked: list[str]) -> dict:
     from benchmark.submissions.panel import PANEL_SCHEMA, panel_summary
 
     season = "2026-12-07-abc123"
+    cells = {"0/a": {"measurable": True}, "0/b": {"measurable": True}}
     draws = [{"draw_id": d, "redraw": 0, "sft_sha256": "c" * 64,
-              "trajectory_sha256": f"{d:064x}", "reference": {"x": 0.0}} for d in (11, 12, 13)]
+              "trajectory_sha256": f"{d:064x}", "reference": {"x": 0.0}, "cells": cells}
+             for d in (11, 12, 13)]
     panel = {"schema_version": PANEL_SCHEMA, "season": season,
              "created_utc": "2026-12-07T06:00:00Z", "family_version": "2.0",
-             "scale": "micro-family", "draws": draws,
+             "scale": "micro-family", "draws": draws, "season_seed": "abc123" + "0" * 26,
+             "screen": {"rule": "test"}, "min_cells": 6, "power": {}, "bindings": {},
+             "candidates": [{"index": 0, "draw_id": 10, "accepted": False,
+                             "reason": "2 of 2 cells not measurable"}]
+             + [{"index": i + 1, "draw_id": d["draw_id"], "accepted": True, "reason": "ok"}
+                for i, d in enumerate(draws)],
              "entries": {n: {"estimator_sha256": json.loads((root / n / "results.json")
                                                             .read_text())["estimator"]["sha256"],
                              "frozen_utc": "2026-12-07T05:00:00Z"} for n in ranked}}
@@ -396,10 +403,18 @@ def test_the_season_table_ranks_by_the_panel_and_marks_provisional_entries(tmp_p
     (table,) = season["tracks"]
     rows = {r["name"]: r for r in table["rows"]}
     assert rows["norm-only"]["status"] == "provisional" and rows["gas"]["status"] == "ranked"
-    # every draw holds the public results: the panel score is the public score
+    # every draw holds the public results: the panel score is the public score; with the draws
+    # fixed its interval is the public one's (three copies of one draw's replicates), and the
+    # family interval (draws resampled) is the same here, since every draw is the same
     for r in rows.values():
         assert r["panel_score"]["point"] == pytest.approx(r["public"]["point"], abs=1e-9)
+        assert r["panel_score"]["lo"] == pytest.approx(r["public"]["lo"], abs=1e-9)
+        assert r["family"]["lo"] == pytest.approx(r["public"]["lo"], abs=1e-9)
         assert set(r["per_draw"]) == {"11", "12", "13"}
+        assert set(r["items"]) == {"1", "2", "3", "4", "10"} and r["verdict"] in (
+            "pass", "fail", "inconclusive")
+    assert season["screen"]["rejected"] == [{"draw_id": 10,
+                                             "reason": "2 of 2 cells not measurable"}]
     # ranks come from the ranked entries only; the provisional one shows the rank it would get
     ranked = [r["name"] for r in table["rows"] if r["status"] == "ranked"]
     assert ranked == sorted(ranked, key=lambda n: rows[n]["rank"])
@@ -409,6 +424,8 @@ def test_the_season_table_ranks_by_the_panel_and_marks_provisional_entries(tmp_p
     line = next(x for x in md.splitlines() if x.startswith("| (") and "norm-only" in x)
     assert "provisional" in line
     assert "Ranks from the public release to the panel" in md
+    assert "4 candidate draws screened in the season seed's sequence, 3 accepted" in md
+    assert "family [95%]" in md and "panel checks (pass/sig. fail/measurable)" in md
     assert (tmp_path / "lb" / "figures" / "season" / "gradient.png").read_bytes()[:4] == \
         b"\x89PNG"
     html = (tmp_path / "lb" / "index.html").read_text()

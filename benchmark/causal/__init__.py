@@ -16,7 +16,8 @@ Owns:
 * :mod:`.cluster`: the same lanes on a Ray cluster (``--executor ray``; the ``cluster`` extra).
 
 May import: :mod:`benchmark.build` (the replay engine), :mod:`benchmark.releases`,
-:mod:`benchmark.metrics`, :mod:`benchmark.machine`, :mod:`benchmark.io`,
+:mod:`benchmark.metrics`, :mod:`benchmark.machine`, :mod:`benchmark.io`, :mod:`benchmark.seal`
+(the replay store's entries are sealed under the machine's key),
 :mod:`benchmark.errors`, :mod:`benchmark.verdicts` (the verdict words),
 :mod:`benchmark.controls` and :mod:`benchmark.contract` (the reference scores the built-in,
 trusted controls; never a submission).

@@ -89,10 +89,11 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
               verify_exact: bool = True, n_random: int = N_RANDOM, lean: bool = False) -> dict:
     """Compute the content of ``seed<S>/causal.json`` (see the module docstring).
 
-    ``lean`` (live draws, :mod:`benchmark.live`): no exact-replay proof and no provenance curve
-    (the rollout labels' removals, a reference row no evaluation verdict reads); the oracle, the
-    controls, the random sets and the bonus-off replay as in the full reference. The output then
-    records ``"lean": true``; a full reference's output is unchanged.
+    ``lean`` (live draws, :mod:`benchmark.live`): no exact-replay proof; the oracle, provenance,
+    the controls, the random sets and the bonus-off replay as in the full reference (a season
+    panel screens its draws by the stronger of the oracle's and provenance's removals, so a lean
+    reference carries both). The output then records ``"lean": true``; a full reference's output
+    is unchanged.
     """
     from benchmark.build.replay import ReplaySeed
     from benchmark.causal.replays import open_store, run_jobs
@@ -124,9 +125,8 @@ def reference(release, seed: int, workers: int = 2, progress: bool = True,
         gt = labels[f"group_label_{t}"].to_numpy(bool)
         ks = C.k_grid(int(gt.sum()), C.K_FRACTIONS)
         oracle = np.where(gt, 1.0, 0.0)
-        refs = {"oracle": oracle}
-        if not lean:
-            refs["provenance"] = np.where(labels[f"bonus_{t}"].to_numpy(bool), 1.0, 0.0)
+        refs = {"oracle": oracle,
+                "provenance": np.where(labels[f"bonus_{t}"].to_numpy(bool), 1.0, 0.0)}
         curves = {**refs, **control_scores(release, seed, t)}
         fair = {m: C.removal_sets(sc, ks, seed, t, W, nps, completions=1)
                 for m, sc in curves.items()}

@@ -371,10 +371,7 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
                 "statistic": RANDOM_REFERENCE, "n_sets": len(fam)},
             "curve": [{"k": k, "fractions": [float(x) / e_off for x in eff[i]]}
                       for i, k in enumerate(ref.ks)]}
-    measure = measurability(
-        bonus_off_interval(inputs, ref.seed, ref.task, settings),
-        {m: interval(samples[m][0] - rpoint, samples[m][1] - rsmp, settings.level)
-         for m in REFERENCE_ROWS if m in samples})
+    measure = _measurability(inputs, ref, samples, (rpoint, rsmp), settings)
     comparisons, checks = {}, {}
     est = samples.get(estimator)
     if est is not None:
@@ -404,6 +401,43 @@ def evaluate_task_seed(ref: TaskReference, curves: dict[str, list[list[Removal]]
              "measurable_reason": measure.pop("measurable_reason"), "measurability": measure,
              **inputs}
     return block, samples
+
+
+def _measurability(inputs: dict, ref: TaskReference, samples: dict, rand: tuple,
+                   settings: CausalSettings) -> dict:
+    """:func:`measurability` of one cell from its reference rows' replicates (``samples``)."""
+    rpoint, rsmp = rand
+    return measurability(
+        bonus_off_interval(inputs, ref.seed, ref.task, settings),
+        {m: interval(samples[m][0] - rpoint, samples[m][1] - rsmp, settings.level)
+         for m in REFERENCE_ROWS if m in samples})
+
+
+def cell_measurability(ref: TaskReference,
+                       settings: CausalSettings = DEFAULT_SETTINGS) -> dict:
+    """Whether one (seed, task) cell is measurable, from its causal reference alone.
+
+    The rule the evaluator applies to every cell (:func:`measurability`: the bonus-off effect is
+    significant and the stronger of the oracle's and provenance's removals clears the random
+    reference, paired), computed from the reference's own rows, with no estimator involved:
+    what a season panel screens its draws with before any entry is scored on them.
+
+    Returns:
+        :func:`measurability`'s ``{"measurable", "measurable_reason", "bonus_off",
+        "reference", "reference_margin"}``; a cell whose bonus-off replay changed nothing
+        (no bonus was paid) is not measurable.
+    """
+    if ref.off_effect == 0.0:
+        return {"measurable": False, "measurable_reason": NO_BONUS, "bonus_off": None,
+                "reference": None, "reference_margin": None}
+    inputs = reference_inputs(ref)
+    samples = {}
+    for m in REFERENCE_ROWS:
+        if m in ref.methods:
+            enc = encode_array(np.stack([np.stack([r.probs - r.base]) for r in ref.methods[m]]))
+            samples[m] = replicates(enc, inputs, ref.seed, ref.task, m, settings)
+    rand = random_reference(inputs, ref.seed, ref.task, settings)
+    return _measurability(inputs, ref, samples, rand, settings)
 
 
 def _reason(checks: dict, comparisons: dict) -> str:

@@ -234,7 +234,13 @@ def render_html(data: dict) -> str:
 
 
 def _season(season: dict | None) -> list[str]:
-    from benchmark.leaderboard.season import SEASON_TEXT, rank_moves_text, season_table
+    from benchmark.leaderboard.season import (
+        SEASON_TEXT,
+        failure_notes,
+        rank_moves_text,
+        season_header,
+        season_table,
+    )
 
     if season is None:
         return ["<h2>Season panel</h2>", "<p>No season panel yet: entries are shown on the "
@@ -246,6 +252,7 @@ def _season(season: dict | None) -> list[str]:
                        f"<code>{_e(d['trajectory_sha256'][:12])}</code>)"
                        for d in season["draws"])
            + f". Rotation: {_e(season['rotation'])}. {_md(SEASON_TEXT)}</p>"]
+    out += [f'<p class="note">{_e(line)}</p>' for line in season_header(season)]
     for table in season["tracks"]:
         headers, rows = season_table(season, table)
         out.append(f"<h4>{_e(table['track'].capitalize())} track</h4>")
@@ -259,6 +266,12 @@ def _season(season: dict | None) -> list[str]:
                        + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>")
         out.append("</tbody></table></div>")
         out.append(f'<p class="note">{_e(rank_moves_text(table))}</p>')
+        notes = failure_notes(table)
+        if notes:
+            out.append('<p class="note">Where estimators fail a panel item (every panel cell '
+                       "passed the screen, so a failure there is the method's, not the "
+                       "draw's):</p><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
+                       + "</ul>")
         out.append(f'<img src="figures/season/{_e(url_path(table["track"]))}.png" '
                    f'alt="season panel, {_e(table["track"])} track">')
     return out

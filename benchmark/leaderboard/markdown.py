@@ -151,7 +151,13 @@ def render_markdown(data: dict) -> str:
 def _season(season: dict | None) -> list[str]:
     from tabulate import tabulate
 
-    from benchmark.leaderboard.season import SEASON_TEXT, rank_moves_text, season_table
+    from benchmark.leaderboard.season import (
+        SEASON_TEXT,
+        failure_notes,
+        rank_moves_text,
+        season_header,
+        season_table,
+    )
 
     if season is None:
         return ["## Season panel", "", "No season panel yet: entries are shown on the public "
@@ -163,13 +169,19 @@ def _season(season: dict | None) -> list[str]:
              + ", ".join(f"{md_code(d['draw_id'])} (trajectory "
                          f"{md_code(d['trajectory_sha256'][:12])})" for d in season["draws"])
              + f". Rotation: {md_text(season['rotation'])}.", "", md_text(SEASON_TEXT), ""]
+    lines += [x for line in season_header(season) for x in (md_text(line), "")]
     for table in season["tracks"]:
         headers, rows = season_table(season, table)
+        notes = failure_notes(table)
         lines += [f"**{md_text(table['track'].capitalize())} track**", "",
                   tabulate([[md_text(c) for c in r] for r in rows], headers=headers,
                            tablefmt="pipe", disable_numparse=True), "",
-                  md_text(rank_moves_text(table)), "",
-                  f"![season panel, {md_text(table['track'])} track]"
+                  md_text(rank_moves_text(table)), ""]
+        if notes:
+            lines += ["Where estimators fail a panel item (every panel cell passed the screen, "
+                      "so a failure there is the method's, not the draw's):", ""]
+            lines += [f"- {md_text(n)}" for n in notes] + [""]
+        lines += [f"![season panel, {md_text(table['track'])} track]"
                   f"(figures/season/{url_path(table['track'])}.png)", ""]
     return lines
 

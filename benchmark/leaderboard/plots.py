@@ -437,8 +437,10 @@ def _plot_season(data: dict) -> Any:
     fig, ax = plt.subplots(figsize=(width, height))
     ys = list(range(len(rows)))[::-1]
     for y, r in zip(ys, rows, strict=True):
-        p, pub = r["panel"], r.get("public")
+        p, pub, fam = r["panel"], r.get("public"), r.get("family")
         hollow = r["status"] != "ranked"
+        if fam and finite(fam.get("lo")) and finite(fam.get("hi")):
+            ax.plot([fam["lo"], fam["hi"]], [y - 0.22, y - 0.22], color=_GREY, linewidth=1.0)
         ax.errorbar([p["point"]], [y], xerr=[[p["point"] - p["lo"]], [p["hi"] - p["point"]]],
                     fmt=r.get("marker", "o"), color=r.get("colour", _GREY), capsize=3,
                     markerfacecolor="white" if hollow else r.get("colour", _GREY))
@@ -447,8 +449,9 @@ def _plot_season(data: dict) -> Any:
     ax.set_yticks(ys, [r["name"] + ("" if r["status"] == "ranked" else " (provisional)")
                        for r in rows], fontsize=8)
     ax.axvline(0.0, color=_GREY, linewidth=0.6)
-    ax.set_xlabel("causal score: panel (point, 95% CI over prompts, random sets and draws); "
-                  "grey bar: public tiny (development)", fontsize=8)
+    ax.set_xlabel("causal score: panel (point, 95% CI over prompts, random sets and training "
+                  "noise, draws fixed: ranks); grey line below: family interval (draws "
+                  "resampled); grey bar: public tiny (development)", fontsize=7)
     _style(ax)
     ax.set_title(f"Season {data['season']}, {data['track']} track: panel score and public "
                  "score", fontsize=10)

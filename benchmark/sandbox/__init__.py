@@ -27,7 +27,8 @@ Owns:
 
 May import: :mod:`benchmark.contract`, :mod:`benchmark.view`, :mod:`benchmark.releases` (a
 release's views, never its labels), :mod:`benchmark.io`, :mod:`benchmark.errors`,
-:mod:`benchmark.untrusted`, :mod:`benchmark.fixed_order`.
+:mod:`benchmark.untrusted`, :mod:`benchmark.fixed_order`, :mod:`benchmark.seal` (the cached
+environments are sealed under the machine's key).
 
 Must never: import the evaluator, the causal score or the leaderboard (nothing here knows how
 scores are judged); hand the child a path to labels, targets' answers or the causal reference.

@@ -4,11 +4,16 @@ One module per role, lowest first (``a <- b``: b imports a):
 
 * :mod:`~benchmark.submissions.files`: the folder, ``submission.yaml`` (strict), loading;
 * :mod:`~benchmark.submissions.compare`: committed vs recomputed results, drift by path;
-* :mod:`~benchmark.submissions.panel`: season panels (draws, entry scores, the panel score);
+* :mod:`~benchmark.submissions.panel`: the season panel file (draws, bindings), entry scores,
+  the panel score (draws fixed) and the family interval;
+* :mod:`~benchmark.submissions.screen`: the screen of candidate draws, the panel's power;
+* :mod:`~benchmark.submissions.seasons`: ``bt-bench panel new|show|score|bind|screen``;
+* :mod:`~benchmark.submissions.scope`: what one verify run re-scores (bound entries sampled);
 * :mod:`~benchmark.submissions.gate`: the fresh-draw gate and the attack controls' checks;
 * :mod:`~benchmark.submissions.verify` and :mod:`~benchmark.submissions.submit`: the commands.
 
-files, compare <- panel <- gate <- verify <- submit. The public names are re-exported here.
+files, compare <- panel <- screen <- seasons; panel <- scope, gate <- verify <- submit. The
+public names are re-exported here.
 """
 
 from benchmark.submissions.compare import (
@@ -33,7 +38,8 @@ from benchmark.submissions.files import (
     load_submission,
     validate_metadata,
 )
-from benchmark.submissions.panel import PANEL_FILE, Panel, PanelError, load_panel, new_panel
+from benchmark.submissions.panel import PANEL_FILE, Panel, PanelError, load_panel
+from benchmark.submissions.seasons import new_panel
 from benchmark.submissions.submit import submit, submit_command
 from benchmark.submissions.verify import (
     VerifyReport,

@@ -1,40 +1,41 @@
-"""Season panels (issue 32): every entry ranked on the same draws, drawn after it was frozen.
+"""Season panels (issues 32, 39): every entry ranked on the same draws, drawn after it was frozen.
 
-A *season panel* is N >= 3 draws of the task family (:mod:`benchmark.build.family`) whose ids a
-maintainer draws with ``secrets`` (``bt-bench panel new``), after every ranked entry was frozen.
-Draws are float64 builds: a draw id trains the same run on every machine, and its trajectory hash
+A *season panel* is a set of draws of the task family (:mod:`benchmark.build.family`) that a
+maintainer draws after every ranked entry was frozen (``bt-bench panel new``,
+:mod:`benchmark.submissions.seasons`). Draws are float64 builds: a draw id trains the same run on
+every machine from its pinned post-SFT checkpoint, and its trajectory hash
 (:mod:`benchmark.build.trajectory`) proves it. Files:
 
-* ``submissions/_panel/panel.json``: the season (id, creation time in UTC, family version, scale),
-  the draws (id, the redraw that passed its gates, the sha256 of its post-SFT checkpoint, the
-  trajectory hash, a summary of the lean causal reference) and the ranked entries (name ->
-  estimator sha256 and frozen time): the entries frozen before the panel was created. Past panels
-  move to ``submissions/_panel/seasons/<season>.json``.
-* ``submissions/_panel/draws/<id>/``: each draw's post-SFT checkpoint (float64, ~0.8 MB). SFT at
-  the family scale is chaotic even in float64 (a 1e-16 rounding difference grows to 0.27 over its
-  800 steps), GRPO from one start is not (the same trajectory hash under every kernel width), so
-  a rebuild elsewhere trains GRPO, targets and draws from the pinned checkpoint: the draw id, its
-  redraw and that checkpoint (sha256 in the panel file) decide the run on every machine.
+* ``submissions/_panel/panel.json`` (this module's :class:`Panel`): the season (id, creation time
+  in UTC, family version, scale), the **season seed** (drawn with ``secrets``) that fixes the
+  sequence of candidate draw ids, every **candidate** with its screen result (accepted, or
+  rejected with the reason: :mod:`benchmark.submissions.screen`), the accepted **draws** (id,
+  redraw, post-SFT checkpoint sha256, trajectory hash, a summary of the lean causal reference,
+  the screen's cells), the ranked entries (name -> estimator sha256 and frozen time), the
+  **bindings** (name -> the sha256 of the entry's ``estimator.py``, ``results.json`` and
+  ``panel.json`` the maintainers vouch for: a PR that edits a bound file fails verify, and
+  verify re-scores a sample of the bound numbers on each run) and the panel's **power**. Past
+  panels move to ``submissions/_panel/seasons/<season>.json``.
+* ``submissions/_panel/draws/<id>/``: each candidate's post-SFT checkpoint (float64, ~0.8 MB),
+  accepted or rejected, so anyone can rebuild every candidate and replay the selection. SFT at
+  the family scale is chaotic even in float64, GRPO from one start is not.
 * ``submissions/<name>/panel.json``: the entry's results on every draw (the full results document
-  of ``evaluate`` on the draw's release, so the board pairs entries draw by draw), its pooled panel
-  score, checklist item 11 (its margin over the random reference carries over from the public
-  release to the panel) and its panel verdict (every draw's verdict and item 11).
+  of ``evaluate`` on the draw's release, so the board pairs entries draw by draw) and a summary:
+  its **panel score** (the rank's interval: the draws held fixed), its **family interval** (the
+  draws resampled too; it does not rank), item 11, the panel items by the panel's rule
+  (:func:`benchmark.checklist.panel_items`) and its panel verdict.
 
 An entry is **ranked** when the panel lists it with the sha256 of its ``estimator.py``; one frozen
 (submitted or changed) later is **provisional**: scored on the panel and shown, not ranked, until
-the next panel. ``verify`` rebuilds every panel draw from its id (or takes it from the cache when
-its trajectory hash and reference summary match the panel's), re-scores every entry on it and
-fails any recorded number that does not reproduce; nothing recorded is a note.
+the next panel.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import secrets
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,10 @@ import numpy as np
 
 from benchmark.errors import BenchmarkError
 
-__all__ = ["MAX_DRAWS", "MIN_DRAWS", "PANEL_DIR", "PANEL_FILE", "Panel", "PanelError",
-           "check_entry_doc", "check_panel", "entry_status", "load_panel", "new_panel",
-           "panel_pair", "panel_release", "panel_score", "panel_summary", "reference_summary",
-           "score_entry"]
+__all__ = ["MAX_DRAWS", "MIN_CELLS", "MIN_DRAWS", "PANEL_DIR", "PANEL_FILE", "Panel",
+           "PanelError", "binding_of", "check_entry_doc", "check_panel", "entry_status",
+           "family_score", "load_panel", "panel_pair", "panel_release", "panel_score",
+           "panel_summary", "reference_summary", "score_draw", "score_entry"]
 
 #: the panel's folder under the submissions folder
 PANEL_DIR = "_panel"
@@ -55,19 +56,28 @@ PANEL_FILE = "panel.json"
 #: where ``panel new`` keeps the panels it replaces, as ``<season>.json`` (and their pinned
 #: checkpoints as ``<season>/draws/``)
 SEASONS_DIR = "seasons"
-#: the pinned post-SFT checkpoints of the panel's draws: ``_panel/draws/<draw id>/``
+#: the pinned post-SFT checkpoints of the panel's candidates: ``_panel/draws/<draw id>/``
 PINS_DIR = "draws"
-PANEL_SCHEMA = 1
+#: 2: season seed, candidates and their screen, bindings, power (issue 39)
+PANEL_SCHEMA = 2
 #: draws of a panel: at least three (a rank from one or two runs is one run's luck)
 MIN_DRAWS = 3
-#: at most this many (each costs every entry a scoring; verify caps what it rebuilds)
-MAX_DRAWS = 8
-#: bootstrap replicates of the draw resample of a panel score, and its seed's first word
+#: at most this many (each costs every entry a scoring at ``panel new``)
+MAX_DRAWS = 16
+#: a panel holds at least this many measurable (draw, task) cells (issue 39: the best methods
+#: must separate from random; measured in docs/leaderboard.md, "Power")
+MIN_CELLS = 12
+#: candidates a panel may screen before it gives up (a family whose draws rarely pass the
+#: screen needs another design, not a longer search)
+MAX_CANDIDATES = 64
+#: bootstrap replicates of the family interval's draw resample, and its seed's first word
 PANEL_BOOT = 2000
 PANEL_BOOT_TAG = 0x5EA5_0A11
 #: results keys whose values name the machine that built the draw (never compared)
 MACHINE_LEAVES = ("manifest_sha256", "packages")
 _HEX64 = frozenset("0123456789abcdef")
+#: the files of an entry a binding covers
+BOUND_FILES = ("estimator_sha256", "results_sha256", "panel_sha256")
 
 
 class PanelError(BenchmarkError):
@@ -79,14 +89,24 @@ class Panel:
     """A season panel (``submissions/_panel/panel.json``).
 
     Attributes:
-        season: the season id, ``YYYY-MM-DD-<6 hex>``.
-        created_utc: when its draw ids were drawn, ISO 8601 UTC (``...Z``).
+        season: the season id, ``YYYY-MM-DD-<6 hex>`` (the hex: the season seed's first six).
+        created_utc: when its season seed was drawn, ISO 8601 UTC (``...Z``).
         family_version: the task family the draw ids index.
         scale: the family run scale of its draws (``"family"``; ``"micro-family"`` in tests).
-        draws: ``[{"draw_id", "redraw", "sft_sha256", "trajectory_sha256", "reference":
-            {path: number}}]``.
+        draws: the accepted draws, ``[{"draw_id", "redraw", "sft_sha256", "trajectory_sha256",
+            "reference": {path: number}, "cells": {cell: screen record}}]``.
         entries: ranked entries, ``{name: {"estimator_sha256", "frozen_utc"}}``.
         path: the file it was read from.
+        season_seed: 32 hex digits drawn with ``secrets``; the candidate ids are a function of
+            it alone (:func:`benchmark.submissions.screen.candidate_ids`).
+        screen: the screen's rule and settings (:data:`benchmark.submissions.screen.SCREEN`).
+        candidates: every candidate in sequence order, ``[{"index", "draw_id", "accepted",
+            "reason", ...}]``: the accepted draws and every rejected id with its reason.
+        min_cells: the measurable cells the panel had to reach.
+        bindings: ``{name: {"estimator_sha256", "results_sha256", "panel_sha256"}}``.
+        power: the panel's power (:func:`benchmark.submissions.screen.design_power` at creation,
+            the paired TracInCP - random difference once entries are scored).
+        pins: where the pinned checkpoints are when not beside the file (while staging).
     """
 
     season: str
@@ -96,13 +116,26 @@ class Panel:
     draws: tuple[dict, ...]
     entries: dict[str, dict]
     path: Path
-    #: where the pinned checkpoints are when not beside the file (``panel new`` while staging)
+    season_seed: str = ""
+    screen: dict = field(default_factory=dict)
+    candidates: tuple[dict, ...] = ()
+    min_cells: int = MIN_CELLS
+    bindings: dict[str, dict] = field(default_factory=dict)
+    power: dict = field(default_factory=dict)
     pins: Path | None = None
 
     @property
     def draw_ids(self) -> list[int]:
-        """The panel's draw ids, in panel order."""
+        """The panel's (accepted) draw ids, in panel order."""
         return [int(d["draw_id"]) for d in self.draws]
+
+    @property
+    def n_cells(self) -> int:
+        """The measurable (draw, task) cells of the panel's draws.
+
+        Every cell of an accepted draw passed the screen.
+        """
+        return sum(len(d.get("cells") or {}) for d in self.draws)
 
     def draw(self, draw_id: int) -> dict:
         """The panel record of one draw."""
@@ -120,9 +153,13 @@ class Panel:
         """The file's content."""
         return {"schema_version": PANEL_SCHEMA, "season": self.season,
                 "created_utc": self.created_utc, "family_version": self.family_version,
-                "scale": self.scale, "draws": [dict(d) for d in self.draws],
+                "scale": self.scale, "season_seed": self.season_seed,
+                "screen": dict(self.screen), "min_cells": self.min_cells,
+                "candidates": [dict(c) for c in self.candidates],
+                "draws": [dict(d) for d in self.draws],
                 "entries": {k: dict(v) for k, v in sorted(self.entries.items())},
-                "rotation": ROTATION}
+                "bindings": {k: dict(v) for k, v in sorted(self.bindings.items())},
+                "power": dict(self.power), "rotation": ROTATION}
 
 
 #: how panels rotate (written into every panel file, so the page can say it)
@@ -145,12 +182,29 @@ def _sha(text: object, where: str) -> str:
     return check_sha256(text, where, PanelError)
 
 
+def _numbers(x: object, where: str, limit: int = 100_000) -> dict:
+    if not isinstance(x, dict) or len(x) > limit or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            and math.isfinite(v) for k, v in x.items()):
+        raise PanelError(f"{where} must be an object of finite numbers (the lean causal "
+                         "reference's summary)")
+    return x
+
+
+def _json_object(x: object, where: str, what: str, limit: int = 10_000) -> dict:
+    """A plain JSON object of at most ``limit`` keys (its content is reported, not trusted)."""
+    if not isinstance(x, dict) or len(x) > limit:
+        raise PanelError(f"{where} must be an object ({what})")
+    return x
+
+
 def check_panel(doc: object, where: str) -> Panel:
     """Validate a parsed panel file; return the :class:`Panel`.
 
     Raises:
         PanelError: naming the first bad field (types, the draw count within
-            [:data:`MIN_DRAWS`, :data:`MAX_DRAWS`], draw ids, hashes, times).
+            [:data:`MIN_DRAWS`, :data:`MAX_DRAWS`], the cell count, draw ids, hashes, times, the
+            season seed, the candidates and bindings).
     """
     from benchmark.build.family import SCALES
     from benchmark.live import check_draw_id
@@ -171,6 +225,26 @@ def check_panel(doc: object, where: str) -> Panel:
     fam = doc.get("family_version")
     if not isinstance(fam, str) or len(fam) > 16:
         raise PanelError(f"{where}: family_version {str(fam)[:40]!r} is not a version string")
+    seed = doc.get("season_seed")
+    if not isinstance(seed, str) or len(seed) != 32 or not set(seed) <= _HEX64 \
+            or seed[:6] != season[11:]:
+        raise PanelError(f"{where}: season_seed {str(seed)[:40]!r} is not 32 lowercase hex "
+                         f"digits beginning with the season id's {season[11:]!r}")
+    min_cells = doc.get("min_cells")
+    if type(min_cells) is not int or not 1 <= min_cells <= 10_000:
+        raise PanelError(f"{where}: min_cells {str(min_cells)[:40]!r} is not a positive integer")
+    screen = _json_object(doc.get("screen"), f"{where}: screen", "the screen's rule and settings")
+    power = _json_object(doc.get("power"), f"{where}: power", "the panel's power")
+
+    def draw_id(x: object, w: str) -> int:
+        if type(x) is not int:  # JSON integers only, never strings
+            raise PanelError(f"{w}: draw_id {str(x)[:40]!r} is not an integer draw id "
+                             "(0 <= ID < 2**31)")
+        try:
+            return check_draw_id(x)
+        except BenchmarkError as exc:
+            raise PanelError(f"{w}: {exc}") from None
+
     draws = doc.get("draws")
     if not isinstance(draws, list) or not MIN_DRAWS <= len(draws) <= MAX_DRAWS:
         n = len(draws) if isinstance(draws, list) else type(draws).__name__
@@ -180,30 +254,45 @@ def check_panel(doc: object, where: str) -> Panel:
         w = f"{where}: draws[{i}]"
         if not isinstance(d, dict):
             raise PanelError(f"{w} is not an object with draw_id, trajectory_sha256, reference")
-        if type(d.get("draw_id")) is not int:  # JSON integers only, never strings
-            raise PanelError(f"{w}: draw_id {str(d.get('draw_id'))[:40]!r} is not an integer "
-                             "draw id (0 <= ID < 2**31)")
-        try:
-            did = check_draw_id(d.get("draw_id"))
-        except BenchmarkError as exc:
-            raise PanelError(f"{w}: {exc}") from None
-        ref = d.get("reference")
-        if not isinstance(ref, dict) or len(ref) > 100_000 or not all(
-                isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-                and math.isfinite(v) for k, v in ref.items()):
-            raise PanelError(f"{w}: reference must be an object of finite numbers (the lean "
-                             "causal reference's summary)")
+        did = draw_id(d.get("draw_id"), w)
+        ref = _numbers(d.get("reference"), f"{w}: reference")
         redraw = d.get("redraw")
         if type(redraw) is not int or not 0 <= redraw <= 16:
             raise PanelError(f"{w}: redraw {str(redraw)[:40]!r} is not the attempt that passed "
                              "its gates (an integer 0-16)")
+        cells = _json_object(d.get("cells"), f"{w}: cells", "cell -> its screen record", 64)
+        if not cells or not all(isinstance(c, dict) and c.get("measurable") is True
+                                for c in cells.values()):
+            raise PanelError(f"{w}: cells must record every (seed, task) cell of the draw as "
+                             "measurable: only a draw that passed the screen enters a panel")
         out.append({"draw_id": did, "redraw": redraw,
                     "sft_sha256": _sha(d.get("sft_sha256"), f"{w}.sft_sha256"),
                     "trajectory_sha256": _sha(d.get("trajectory_sha256"),
                                               f"{w}.trajectory_sha256"),
-                    "reference": ref})
+                    "reference": ref, "cells": cells})
     if len({d["draw_id"] for d in out}) != len(out):
         raise PanelError(f"{where}: a draw id repeats; a panel's draws are distinct")
+    n_cells = sum(len(d["cells"]) for d in out)
+    if n_cells < min_cells:
+        raise PanelError(f"{where}: its draws hold {n_cells} measurable cells, fewer than its "
+                         f"min_cells {min_cells}")
+    cands = doc.get("candidates")
+    if not isinstance(cands, list) or not len(out) <= len(cands) <= MAX_CANDIDATES:
+        raise PanelError(f"{where}: candidates must list every screened draw id in sequence "
+                         f"order ({len(out)}-{MAX_CANDIDATES} of them)")
+    checked = []
+    for i, c in enumerate(cands):
+        w = f"{where}: candidates[{i}]"
+        if not isinstance(c, dict) or c.get("index") != i or not isinstance(
+                c.get("accepted"), bool) or not isinstance(c.get("reason"), str) \
+                or len(c["reason"]) > 4000:
+            raise PanelError(f"{w} is not a candidate record (index {i}, draw_id, accepted, "
+                             "reason)")
+        checked.append(dict(c) | {"draw_id": draw_id(c.get("draw_id"), w)})
+    accepted = [c["draw_id"] for c in checked if c["accepted"]]
+    if accepted != [d["draw_id"] for d in out]:
+        raise PanelError(f"{where}: the accepted candidates {accepted} are not the panel's draws "
+                         f"{[d['draw_id'] for d in out]} in sequence order")
     entries = doc.get("entries")
     if not isinstance(entries, dict) or len(entries) > 10_000:
         raise PanelError(f"{where}: entries must be an object name -> {{estimator_sha256, "
@@ -220,7 +309,18 @@ def check_panel(doc: object, where: str) -> Panel:
         ent[str(name)] = {"estimator_sha256": _sha(e.get("estimator_sha256"),
                                                    f"{w}.estimator_sha256"),
                           "frozen_utc": frozen}
-    return Panel(season, created, fam, str(scale), tuple(out), ent, Path(where))
+    bindings = doc.get("bindings")
+    if not isinstance(bindings, dict) or len(bindings) > 10_000:
+        raise PanelError(f"{where}: bindings must be an object name -> "
+                         f"{{{', '.join(BOUND_FILES)}}}")
+    bound = {}
+    for name, b in bindings.items():
+        w = f"{where}: bindings.{str(name)[:60]}"
+        if not isinstance(b, dict) or set(b) != set(BOUND_FILES):
+            raise PanelError(f"{w} is not an object with exactly {', '.join(BOUND_FILES)}")
+        bound[str(name)] = {k: _sha(b[k], f"{w}.{k}") for k in BOUND_FILES}
+    return Panel(season, created, fam, str(scale), tuple(out), ent, Path(where), seed,
+                 screen, tuple(checked), min_cells, bound, power)
 
 
 def panel_path(submissions_dir: str | Path) -> Path:
@@ -269,8 +369,6 @@ def reference_summary(release_dir: str | Path) -> dict[str, float]:
     compared within :data:`benchmark.submissions.compare.CAUSAL_TOLERANCE` whenever a draw is
     taken from a cache: an edited reference is rebuilt, never used.
     """
-    import json
-
     from benchmark.causal.score import CAUSAL_FILE
 
     out: dict[str, float] = {}
@@ -381,6 +479,10 @@ def _stamp(path: Path) -> tuple:
         return ()
 
 
+def _now_utc() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _family_version() -> str:
     from benchmark.build.family import FAMILY_VERSION
     return FAMILY_VERSION
@@ -400,19 +502,45 @@ def _suite_of(results: dict) -> tuple[float, np.ndarray] | None:
     return None if reps is None else reps["suite"]
 
 
-def panel_score(per_draw: list[tuple[float, np.ndarray] | None], season: str
-                ) -> tuple[float, np.ndarray] | None:
-    """A panel score and its replicates from the per-draw suite scores.
+def _pool(per_draw: list[tuple[float, np.ndarray] | None]) -> list[tuple[float, np.ndarray]]:
+    """The draws that have a causal score.
 
-    The point is the mean over draws of the suite causal scores. Replicate ``b`` resamples the
-    draws with replacement (the same resample for every entry of a season: seeded by the season
-    id, so the replicates pair across entries) and averages their replicate ``b``: the interval
-    carries prompts, random sets and training noise (inside each draw) and the draws themselves.
-    A draw without a causal score (no task showed a bonus effect there; it depends on the run,
-    not the entry, so every entry of a panel misses the same draws) is left out; None when no
-    draw has one.
+    A draw without one depends on the run, not the entry: every entry of a panel misses the
+    same draws (a screened panel has none).
     """
-    per_draw = [p for p in per_draw if p is not None]
+    return [p for p in per_draw if p is not None]
+
+
+def panel_score(per_draw: list[tuple[float, np.ndarray] | None], season: str = ""
+                ) -> tuple[float, np.ndarray] | None:
+    """A panel score and its replicates from the per-draw suite scores: **the draws held fixed**.
+
+    The point is the mean over draws of the suite causal scores; replicate ``b`` is the mean of
+    the draws' replicate ``b``, each of which resamples that draw's prompts, random sets and
+    training noise (the evaluator's replicates, paired across entries by the shared prompt
+    resample). The draws are the season's test set, as a fixed benchmark's items are, so they
+    are not resampled: this interval ranks (docs/leaderboard.md, "What each interval answers").
+    ``season`` is accepted for symmetry with :func:`family_score` and unused. None when no draw
+    has a score.
+    """
+    per_draw = _pool(per_draw)
+    if not per_draw:
+        return None
+    reps = np.stack([np.asarray(r, np.float64) for _, r in per_draw])  # (n, B)
+    return float(np.mean([p for p, _ in per_draw])), reps.mean(axis=0)
+
+
+def family_score(per_draw: list[tuple[float, np.ndarray] | None], season: str
+                 ) -> tuple[float, np.ndarray] | None:
+    """The panel score with the **family interval**: the draws resampled as well.
+
+    Replicate ``b`` resamples the draws with replacement (the same resample for every entry of
+    a season: seeded by the season id, so the replicates pair across entries) and averages their
+    replicate ``b``. It answers how far this panel's ordering is expected to carry to other runs
+    of the (screened) family; it does not rank. With n draws, about ``n**-n`` of its mass sits on
+    one draw taken n times, so with few draws it spans nearly the range of the per-draw scores.
+    """
+    per_draw = _pool(per_draw)
     if not per_draw:
         return None
     n = len(per_draw)
@@ -426,27 +554,27 @@ def panel_score(per_draw: list[tuple[float, np.ndarray] | None], season: str
 
 
 def panel_summary(public: dict, draws: list[dict], season: str) -> dict:
-    """An entry's derived panel numbers: pooled score, item 11 and the panel verdict.
+    """An entry's derived panel numbers: the two intervals, item 11, the panel items, the verdict.
 
     Args:
         public: the entry's public ``results.json``.
         draws: its per-draw records ``[{"draw_id", "trajectory_sha256", "results"}]``.
-        season: the season id (seeds the draw resample).
+        season: the season id (seeds the family interval's draw resample).
 
     Returns:
-        ``{"causal_score": {point, lo, hi} | None, "per_draw": {id: {point, lo, hi} | None},
-        "item": item 11's checklist entry, "verdict"}``: the verdict combines every draw's
-        overall verdict with item 11 (the margin over the random reference carries over).
+        ``{"causal_score": {point, lo, hi} | None`` (draws fixed: the rank's interval),
+        ``"family": {point, lo, hi} | None`` (draws resampled), ``"per_draw": {id: {point, lo,
+        hi} | None}, "item": item 11's checklist entry, "items": the panel rule per counted item
+        (:func:`benchmark.checklist.panel_items`), "verdict"}``: the verdict combines the panel
+        items with item 11 (:func:`benchmark.checklist.panel_verdict`).
     """
     from benchmark.causal.score import interval, settings_of
-    from benchmark.checklist import ITEMS, live_item
-    from benchmark.verdicts import combine
+    from benchmark.checklist import ITEMS, live_item, panel_items, panel_verdict
 
     est = str(public["estimator"]["name"])
     level = settings_of(public.get("settings") or {}).level
     suites = [_suite_of(d["results"]) for d in draws]
-    pooled = panel_score(suites, season)
-    score = None if pooled is None else interval(pooled[0], pooled[1], level)
+    fixed, fam = panel_score(suites, season), family_score(suites, season)
     per_draw = {str(d["draw_id"]): d["results"]["suite"].get("causal_score", {}).get(est)
                 for d in draws}
     it = live_item(public.get("suite") or {},
@@ -455,8 +583,26 @@ def panel_summary(public: dict, draws: list[dict], season: str) -> dict:
     item = {"item": 11, "key": key, "title": title, "verdict": it["verdict"], "gated": True,
             "numbers": {k: it[k] for k in ("public", "live", "margin", "tolerance")},
             "reason": it["reason"]}
-    verdict = combine([d["results"]["verdict"] for d in draws] + [it["verdict"]])
-    return {"causal_score": score, "per_draw": per_draw, "item": item, "verdict": verdict}
+    items = panel_items([(d["draw_id"], d["results"]) for d in draws])
+    return {"causal_score": None if fixed is None else interval(fixed[0], fixed[1], level),
+            "family": None if fam is None else interval(fam[0], fam[1], level),
+            "per_draw": per_draw, "item": item, "items": items,
+            "verdict": panel_verdict(items, it["verdict"])}
+
+
+def score_draw(estimator_file: str | Path, panel: Panel, draw_id: int, progress: bool = True,
+               isolation=None, env=None) -> dict:
+    """One draw's record of an entry: ``{"draw_id", "trajectory_sha256", "results"}``.
+
+    ``isolation``/``env`` as in :func:`benchmark.evaluate.evaluate`.
+    """
+    from benchmark.evaluate import evaluate
+
+    path = panel_release(panel, draw_id, progress=progress)
+    res = evaluate(estimator_file, path, progress=progress, isolation=isolation, env=env)
+    res = {k: v for k, v in res.items() if k != "packages"}
+    return {"draw_id": int(draw_id), "trajectory_sha256": panel.draw(draw_id)["trajectory_sha256"],
+            "results": res}
 
 
 def score_entry(estimator_file: str | Path, public: dict, panel: Panel, progress: bool = True,
@@ -467,15 +613,9 @@ def score_entry(estimator_file: str | Path, public: dict, panel: Panel, progress
     :func:`benchmark.evaluate.evaluate`.
     """
     from benchmark.contract import file_sha256
-    from benchmark.evaluate import evaluate
 
-    draws = []
-    for d in panel.draw_ids:
-        path = panel_release(panel, d, progress=progress)
-        res = evaluate(estimator_file, path, progress=progress, isolation=isolation, env=env)
-        res = {k: v for k, v in res.items() if k != "packages"}
-        draws.append({"draw_id": d, "trajectory_sha256": panel.draw(d)["trajectory_sha256"],
-                      "results": res})
+    draws = [score_draw(estimator_file, panel, d, progress, isolation, env)
+             for d in panel.draw_ids]
     return {"schema_version": PANEL_SCHEMA, "season": panel.season,
             "estimator_sha256": file_sha256(estimator_file), "draws": draws,
             "summary": panel_summary(public, draws, panel.season)}
@@ -513,18 +653,33 @@ def check_entry_doc(doc: object, panel: Panel, where: str) -> dict:
 
 
 def panel_pair(a: dict, b: dict, season: str, level: float = 0.95) -> dict | None:
-    """The paired panel comparison of two entries' ``panel.json`` documents.
+    """The paired panel comparison of two entries' ``panel.json`` documents (the rank's).
 
     ``{"point", "lo", "hi", "verdict"}`` of ``a - b`` (:func:`benchmark.causal.score.
-    paired_difference` on :func:`panel_score` replicates), or None when either has no score.
+    paired_difference` on :func:`panel_score` replicates: the draws held fixed), or None when
+    either has no score.
     """
     from benchmark.causal.score import paired_difference
 
-    pa = panel_score([_suite_of(d["results"]) for d in a["draws"]], season)
-    pb = panel_score([_suite_of(d["results"]) for d in b["draws"]], season)
+    pa = panel_score([_suite_of(d["results"]) for d in a["draws"]])
+    pb = panel_score([_suite_of(d["results"]) for d in b["draws"]])
     if pa is None or pb is None:
         return None
     return paired_difference(pa, pb, level)
+
+
+def binding_of(folder: str | Path) -> dict:
+    """The sha256 of an entry's ``estimator.py``, ``results.json`` and ``panel.json``.
+
+    What a panel file's ``bindings`` record for the entry (:data:`BOUND_FILES`).
+    """
+    from benchmark.releases.format import sha256_file
+    from benchmark.submissions.files import ESTIMATOR_FILE, RESULTS_FILE
+
+    folder = Path(folder)
+    return {"estimator_sha256": sha256_file(folder / ESTIMATOR_FILE),
+            "results_sha256": sha256_file(folder / RESULTS_FILE),
+            "panel_sha256": sha256_file(folder / PANEL_FILE)}
 
 
 def write_entry(folder: str | Path, doc: dict) -> None:
@@ -534,165 +689,3 @@ def write_entry(folder: str | Path, doc: dict) -> None:
     write_results(doc, Path(folder) / PANEL_FILE)
 
 
-# ----------------------------------------------------------------------------------------------
-# a new panel
-
-
-def _now_utc() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def new_panel(submissions_dir: str | Path = "submissions", n_draws: int = MIN_DRAWS,
-              scale: str | None = None, progress: bool = True, time_limit: float | None = None,
-              draw_ids: list[int] | None = None) -> Panel:
-    """Draw a new season panel, build its draws, score every submission on it, write it all.
-
-    Every submission must be frozen (``submission.yaml``'s ``frozen``, written by ``submit``)
-    with the sha256 of its current ``estimator.py``; the panel lists them all as ranked. The
-    draw ids come from ``secrets`` after that check (``draw_ids`` only in tests). Each entry's
-    ``panel.json`` is written, then the panel file last (the previous one moves to
-    ``_panel/seasons/``): an interrupted run leaves the old panel in force.
-
-    Raises:
-        PanelError: fewer than :data:`MIN_DRAWS` or more than :data:`MAX_DRAWS` draws, an entry
-            not frozen or changed since, or a draw that fails to build.
-    """
-    from benchmark import live
-    from benchmark.contract import file_sha256
-    from benchmark.io import atomic_write_text, dumps_json
-    from benchmark.sandbox.isolation import Limits
-    from benchmark.sandbox.layers import require_sandbox
-    from benchmark.submissions.files import find_submissions, load_submission, submission_env
-
-    if not MIN_DRAWS <= int(n_draws) <= MAX_DRAWS:
-        raise PanelError(f"--draws {n_draws}: a panel has {MIN_DRAWS}-{MAX_DRAWS} draws")
-    require_sandbox("bt-bench panel new")
-    scale = scale or live.LIVE_SCALE
-    subs = [load_submission(f) for f in find_submissions(submissions_dir)]
-    entries = {}
-    for sub in subs:
-        frozen = sub.meta.get("frozen") or {}
-        sha = file_sha256(sub.estimator_file)
-        if frozen.get("sha256") != sha:
-            raise PanelError(
-                f"{sub.path}: estimator.py (sha256 {sha[:12]}...) is not the frozen file "
-                f"({str(frozen.get('sha256'))[:12]}...); re-submit it (bt-bench submit FILE "
-                "--name NAME --force) before drawing a panel")
-        entries[sub.name] = {"estimator_sha256": sha, "frozen_utc": frozen["utc"]}
-    created = _now_utc()
-    ids = [live.check_draw_id(d) for d in draw_ids] if draw_ids is not None else []
-    while len(ids) < n_draws:
-        d = live.new_draw_id()
-        if d not in ids:
-            ids.append(d)
-    ids = ids[:n_draws]
-    if len(set(ids)) != len(ids):
-        raise PanelError(f"draw ids {ids} repeat; a panel's draws are distinct")
-    season = f"{created[:10]}-{secrets.token_hex(3)}"
-    print(f"season {season}: draws {ids} ({scale}, family {_family_version()}); building them",
-          flush=True)
-    from benchmark.build.checkpoints import copy_checkpoint
-    from benchmark.build.trajectory import trajectory_sha256
-    from benchmark.releases.format import sha256_file
-
-    root = Path(submissions_dir)
-    staging = root / PANEL_DIR / f".{PINS_DIR}-{season}"
-    for stale in (root / PANEL_DIR).glob(f".{PINS_DIR}-*"):  # left by an interrupted run
-        shutil.rmtree(stale, ignore_errors=True)
-    records = []
-    for d in ids:
-        path = live.live_release(d, scale, progress=progress)
-        fam = json.loads((path / "manifest.json").read_text())["build"]["family"]
-        (seed_dir,) = sorted(path.glob("seed*"))
-        pin = staging / str(d)
-        copy_checkpoint(seed_dir / "checkpoints" / "step0000", pin)
-        records.append({"draw_id": d, "redraw": int(fam["redraws"]),
-                        "sft_sha256": sha256_file(pin / "model.safetensors"),
-                        "trajectory_sha256": trajectory_sha256(path),
-                        "reference": reference_summary(path)})
-    panel = Panel(season, created, _family_version(), scale, tuple(records), entries,
-                  panel_path(root), pins=staging)
-    limits = Limits(wall_seconds=time_limit) if time_limit else Limits()
-    envs: dict = {}
-    for sub in subs:
-        print(f"season {season}: scoring {sub.name} on {len(ids)} draws", flush=True)
-        env = submission_env(sub, envs)
-        if isinstance(env, BenchmarkError):
-            raise PanelError(f"{sub.path}: requirements could not be installed: {env}")
-        doc = score_entry(sub.estimator_file, sub.results, panel, progress, isolation=limits,
-                          env=env)
-        write_entry(sub.path, doc)
-    target = panel_path(root)
-    old = load_panel(root)
-    if old is not None:
-        keep = target.parent / SEASONS_DIR / f"{old.season}.json"
-        keep.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(target, keep)
-        if (target.parent / PINS_DIR).is_dir():
-            os.replace(target.parent / PINS_DIR, keep.parent / old.season)
-    shutil.rmtree(target.parent / PINS_DIR, ignore_errors=True)
-    os.replace(staging, target.parent / PINS_DIR)
-    atomic_write_text(target, dumps_json(panel.to_dict()))
-    return Panel(**{**panel.__dict__, "pins": None})
-
-
-def score_entries(submissions_dir: str | Path, names: list[str], progress: bool = True,
-                  time_limit: float | None = None) -> list[Path]:
-    """(Re)score the named submissions on the current panel; write their ``panel.json``.
-
-    Raises:
-        PanelError: there is no panel, or an entry's requirements cannot be installed.
-    """
-    from benchmark.sandbox.isolation import Limits
-    from benchmark.sandbox.layers import require_sandbox
-    from benchmark.submissions.files import load_submission, submission_env
-
-    require_sandbox("bt-bench panel score")
-    panel = load_panel(submissions_dir)
-    if panel is None:
-        raise PanelError(f"{panel_path(submissions_dir)}: no season panel to score on; a "
-                         "maintainer draws one with bt-bench panel new")
-    limits = Limits(wall_seconds=time_limit) if time_limit else Limits()
-    envs: dict = {}
-    out = []
-    for name in names:
-        sub = load_submission(Path(submissions_dir) / name)
-        env = submission_env(sub, envs)
-        if isinstance(env, BenchmarkError):
-            raise PanelError(f"{sub.path}: requirements could not be installed: {env}")
-        write_entry(sub.path, score_entry(sub.estimator_file, sub.results, panel, progress,
-                                          isolation=limits, env=env))
-        out.append(sub.path / PANEL_FILE)
-    return out
-
-
-def panel_command(args: Any) -> int:
-    """``bt-bench panel new|show|score``."""
-    from benchmark.io import read_json
-
-    if args.panel_command == "score":
-        for f in score_entries(args.submissions_dir, args.names, not args.no_progress,
-                               args.time_limit):
-            print(f"wrote {f}")
-        return 0
-    if args.panel_command == "new":
-        p = new_panel(args.submissions_dir, args.draws, args.scale, not args.no_progress,
-                      args.time_limit)
-        print(f"wrote {p.path}: season {p.season}, created {p.created_utc}, draws "
-              f"{p.draw_ids}, {len(p.entries)} ranked entries")
-        print("next: bt-bench leaderboard, then commit submissions/ and leaderboard/")
-        return 0
-    panel = load_panel(args.submissions_dir)
-    if panel is None:
-        print(f"no panel in {args.submissions_dir}/{PANEL_DIR}/ (draw one: bt-bench panel new)")
-        return 1
-    print(f"season {panel.season} (created {panel.created_utc}, family {panel.family_version}, "
-          f"{panel.scale})")
-    for d in panel.draws:
-        print(f"  draw {d['draw_id']}: trajectory {d['trajectory_sha256']}")
-    for name in sorted(panel.entries):
-        f = Path(args.submissions_dir) / name / PANEL_FILE
-        s = (read_json(f).get("summary") or {}).get("causal_score") if f.is_file() else None
-        shown = f"{s['point']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]" if s else "no score"
-        print(f"  {name}: {shown}")
-    return 0

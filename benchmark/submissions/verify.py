@@ -1,12 +1,14 @@
-"""``bt-bench verify``: re-score every submission from its code and compare.
+"""``bt-bench verify``: re-score submissions from their code and compare.
 
 ``verify`` re-evaluates ``estimator.py`` on the release recorded in ``results.json`` with the
 standard evaluation settings and compares the new results with the committed ones
-(:func:`benchmark.submissions.compare.compare_results`); re-scores the entry on every draw of
-the season panel its ``panel.json`` names (:mod:`benchmark.submissions.panel`: a draw is rebuilt
-from its id and must give the recorded trajectory hash, or the entry fails); and scores it on one
-fresh draw, the gate against collapse (:mod:`benchmark.submissions.gate`). No recorded number is
-taken on trust.
+(:func:`benchmark.submissions.compare.compare_results`); re-scores the entry on the season panel's
+draws (:mod:`benchmark.submissions.panel`: a draw is rebuilt from its id and must give the
+recorded trajectory hash, or the entry fails); and scores it on one fresh draw, the gate against
+collapse (:mod:`benchmark.submissions.gate`). What one run re-scores is its plan
+(:mod:`benchmark.submissions.scope`): entries the panel file does not bind (new or changed ones)
+in full, the bound ones by a sample chosen in the run; an entry whose bound files were edited
+fails. No recorded number is taken on trust.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from benchmark.submissions.panel import (
     entry_status,
     load_panel,
 )
+from benchmark.submissions.scope import Plan
 
 
 @dataclass
@@ -66,6 +69,11 @@ class VerifyReport:
     panel_status: str = "unscored"
     #: checks that passed and say something (e.g. an attack control not above its base)
     notes: list[str] = field(default_factory=list)
+    #: what this run re-scored: ``"public"`` and ``"draw <id>"`` (empty: nothing, a bound entry
+    #: outside this run's sample)
+    rescored: list[str] = field(default_factory=list)
+    #: the entry's binding state under the panel (``bound``, ``unbound``, ``edited``; ``""``: none)
+    binding: str = ""
 
     @property
     def ok(self) -> bool:
@@ -77,7 +85,9 @@ class VerifyReport:
         """A readable report: ``ok`` or the reasons it failed, one per line."""
         head = f"{self.path}: "
         if self.ok:
-            lines = [head + "ok (results reproduced" + (
+            what = (f"re-scored: {', '.join(self.rescored)}" if self.rescored else
+                    "bound by the season panel, not in this run's sample")
+            lines = [head + f"ok ({what}" + (
                 f"; {self.panel_status} on the season panel" if self.panel_status != "unscored"
                 else "") + ")"]
         else:
@@ -112,8 +122,8 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
                       progress: bool = True, *, time_limit: float | None = None,
                       envs: dict | None = None, live_draw: int | None = None,
                       live_scale: str | None = None, dump: str | Path | None = None,
-                      panel: Panel | None = None) -> VerifyReport:
-    """Re-score one submission and compare with everything it committed.
+                      panel: Panel | None = None, plan: Plan | None = None) -> VerifyReport:
+    """Re-score one submission as the run's ``plan`` says and compare with what it committed.
 
     The estimator is re-evaluated with the standard :class:`~benchmark.evaluate.EvalSettings`
     on ``release`` (default: the release id recorded in ``results.json``), so results produced
@@ -122,13 +132,14 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     whose interpreter runs the estimator. ``submission.yaml``'s ``frozen.sha256`` and
     ``results.json``'s ``estimator.sha256`` must both be the file's.
 
-    With a season ``panel``, the entry must have a ``panel.json`` of that season: every draw is
-    rebuilt (or found in the cache with the panel's trajectory hash and reference summary,
-    :func:`benchmark.submissions.panel.panel_release`), the entry re-scored on it and compared
-    (drifts under ``panel.``); a draw this machine cannot reproduce fails the entry. With
-    ``live_draw``, the entry is also scored on that new draw and fails when its public suite
-    score is significantly above the random band but its live one is not (the gate,
-    :mod:`benchmark.submissions.gate`).
+    With a season ``panel``, the entry must have a ``panel.json`` of that season whose summary
+    is what its recorded draws give; the draws the plan names are rebuilt (or found in the cache
+    with the panel's trajectory hash and reference summary,
+    :func:`benchmark.submissions.panel.panel_release`), the entry re-scored on each and compared
+    (drifts under ``panel.``); a draw this machine cannot reproduce fails the entry. An entry
+    whose bound files were edited fails at once. With ``live_draw``, the entry is also scored on
+    that new draw and fails when its public suite score is significantly above the random
+    reference but its live one is not (the gate, :mod:`benchmark.submissions.gate`).
 
     Args:
         path: the submission folder.
@@ -142,12 +153,14 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
         dump: a folder to write the recomputed results to, as ``<folder name>.json`` (and
             ``<folder name>.panel.json``), in the committed encoding.
         panel: the season panel (None: no panel checks).
+        plan: what this run re-scores (:func:`benchmark.submissions.scope.make_plan`; None:
+            everything).
 
     Returns:
-        The report; it is ``ok`` when every value matches (floats within
+        The report; it is ``ok`` when every re-scored value matches (floats within
         :data:`~benchmark.submissions.compare.FLOAT_TOLERANCE`, replay numbers within
-        :data:`~benchmark.submissions.compare.CAUSAL_TOLERANCE`) and the file's sha256 is the
-        recorded one.
+        :data:`~benchmark.submissions.compare.CAUSAL_TOLERANCE`), the file's sha256 is the
+        recorded one and no bound file was edited.
     """
     from benchmark.contract import file_sha256
     from benchmark.evaluate import evaluate
@@ -163,36 +176,65 @@ def verify_submission(path: str | Path, release: str | Path | None = None,
     frozen = sub.meta.get("frozen") or {}
     if sha != committed.get("estimator", {}).get("sha256") or frozen.get("sha256") != sha:
         report.code_changed = True
+    name = sub.path.name
+    if plan is not None:
+        report.binding = plan.state.get(name, "")
+        if report.binding == "edited":
+            report.error = f"season panel binding: {plan.detail[name]}"
+            report.fix = ("restore the bound results.json and panel.json (git checkout), or ask "
+                          "a maintainer to re-score and bind the entry")
+            return report
+    in_full = plan is None or name in plan.full
+    public = in_full or name in plan.public
     rel = release if release is not None else committed.get("release", {}).get("id")
     if not rel:
         report.error = (f"{sub.path / RESULTS_FILE}: no release.id recorded; pass --release or "
                         "regenerate with bt-bench submit --force")
         return report
+    draws = (plan.draws_of(name, panel.draw_ids) if plan is not None else panel.draw_ids) \
+        if panel is not None else []
+    gated = live_draw is not None and (in_full or _answer_key(sub))
+    if not (public or draws or gated):
+        if panel is not None:
+            report.panel_status = entry_status(panel, sub.name, sha)
+            _check_panel_doc(sub, panel, committed, report)
+        return report
     env = _submission_env(sub, envs if envs is not None else {}, report)
     if report.error:
         return report
     limits = Limits(wall_seconds=time_limit) if time_limit else Limits()
-    try:
-        fresh = evaluate(sub.estimator_file, rel, progress=progress, isolation=limits, env=env)
-    except BenchmarkError as exc:
-        report.error = f"re-evaluation failed: {exc}"
-        report.fix = _failure_fix(sub, str(exc))
-        return report
-    recomputed = _as_committed(fresh)
-    if dump is not None:
-        _dump(dump, f"{sub.path.name}.json", fresh)
-    for d in sorted(compare_results(committed, recomputed), key=_report_order):
-        top, leaf = d.path.split(".", 1)[0], d.path.rsplit(".", 1)[-1]
-        ignored = top in IGNORED_KEYS or leaf in IGNORED_LEAVES
-        (report.ignored if ignored else report.drifts).append(d)
+    fresh = committed  # a bound entry's public numbers are the maintainers' (the gate reads them)
+    if public:
+        try:
+            fresh = evaluate(sub.estimator_file, rel, progress=progress, isolation=limits, env=env)
+        except BenchmarkError as exc:
+            report.error = f"re-evaluation failed: {exc}"
+            report.fix = _failure_fix(sub, str(exc))
+            return report
+    if public:
+        report.rescored.append("public")
+        recomputed = _as_committed(fresh)
+        if dump is not None:
+            _dump(dump, f"{sub.path.name}.json", fresh)
+        for d in sorted(compare_results(committed, recomputed), key=_report_order):
+            top, leaf = d.path.split(".", 1)[0], d.path.rsplit(".", 1)[-1]
+            ignored = top in IGNORED_KEYS or leaf in IGNORED_LEAVES
+            (report.ignored if ignored else report.drifts).append(d)
     if panel is not None:
         report.panel_status = entry_status(panel, sub.name, sha)
-        _verify_panel(sub, panel, committed, progress, limits, env, report, dump)
+        _verify_panel(sub, panel, committed, progress, limits, env, report, dump, draws)
         if report.error:
             return report
-    if live_draw is not None:
+    if gated:
         live_check(sub, fresh, live_draw, live_scale, progress, limits, env, report)
     return report
+
+
+def _answer_key(sub: Submission) -> bool:
+    """An answer-key attack control (the memorizer): gated on every run, bound or not."""
+    from benchmark.submissions.gate import ATTACK_BASES, _is_attack_control
+
+    return _is_attack_control(sub) and sub.path.name not in ATTACK_BASES
 
 
 def _as_committed(results: dict) -> dict:
@@ -212,11 +254,16 @@ def _dump(folder: str | Path, name: str, doc: dict) -> None:
     write_results(doc, Path(folder) / name)
 
 
-def _verify_panel(sub: Submission, panel: Panel, committed: dict, progress: bool, limits, env,
-                  report: VerifyReport, dump: str | Path | None) -> None:
-    """Re-score ``sub`` on every draw of ``panel`` and compare with its ``panel.json``."""
+def _check_panel_doc(sub: Submission, panel: Panel, committed: dict,
+                     report: VerifyReport) -> dict | None:
+    """The entry's ``panel.json``, checked against the panel and its summary recomputed.
+
+    The summary (panel score, family interval, item 11, panel items, verdict) is derived from
+    the recorded draws and the public results: it must be what they give. Problems go to
+    ``report``; returns the document, or None when it is missing or malformed.
+    """
     from benchmark.io import read_json
-    from benchmark.submissions.panel import check_entry_doc, score_entry
+    from benchmark.submissions.panel import check_entry_doc, panel_summary
 
     where = sub.path / PANEL_FILE
     if not where.is_file():
@@ -224,32 +271,61 @@ def _verify_panel(sub: Submission, panel: Panel, committed: dict, progress: bool
                         f"{panel.season}'s panel")
         report.fix = (f"score it: bt-bench panel score {sub.name} (or bt-bench submit FILE --name "
                       f"{sub.name} --force), then commit {PANEL_FILE}")
-        return
+        return None
     try:
         recorded = check_entry_doc(read_json(where), panel, str(where))
     except BenchmarkError as exc:
-        report.error = str(exc)
+        report.error = f"{where}: {exc}"
         report.fix = f"re-score it on the panel: bt-bench panel score {sub.name}"
-        return
+        return None
     try:
-        fresh = score_entry(sub.estimator_file, committed, panel, progress, isolation=limits,
-                            env=env)
-    except PanelError as exc:
-        report.error = f"season panel: {exc}"
-        report.fix = ("a panel draw must rebuild to its recorded trajectory on every machine: "
-                      "report it with the machine's CPU and the versions of torch and "
-                      "transformers (docs/leaderboard.md, Seasons)")
+        again = _as_committed({"summary": panel_summary(committed, recorded["draws"],
+                                                        panel.season)})["summary"]
+    except (BenchmarkError, KeyError, TypeError, ValueError) as exc:
+        # the recorded draws do not give a summary (an edited number, a stale file): a finding
+        report.drifts.append(Drift("panel.summary", "as recorded",
+                                   f"cannot be recomputed from the recorded draws ({exc})"))
+        return recorded
+    for d in sorted(compare_results({"summary": recorded["summary"]}, {"summary": again}),
+                    key=lambda d: d.path):
+        report.drifts.append(Drift(f"panel.{d.path}", d.committed, d.recomputed))
+    return recorded
+
+
+def _verify_panel(sub: Submission, panel: Panel, committed: dict, progress: bool, limits, env,
+                  report: VerifyReport, dump: str | Path | None, draws: list[int]) -> None:
+    """Re-score ``sub`` on the panel ``draws`` and compare with its ``panel.json``."""
+    from benchmark.submissions.panel import score_draw
+
+    recorded = _check_panel_doc(sub, panel, committed, report)
+    if recorded is None:
         return
-    except BenchmarkError as exc:
-        report.error = f"re-scoring on the season panel failed: {exc}"
-        report.fix = _failure_fix(sub, str(exc))
-        return
-    if dump is not None:
-        _dump(dump, f"{sub.path.name}.panel.json", fresh)
-    for d in sorted(compare_results(recorded, _as_committed(fresh)), key=lambda d: d.path):
-        leaf = d.path.rsplit(".", 1)[-1]
-        d = Drift(f"panel.{d.path}", d.committed, d.recomputed)
-        (report.ignored if leaf in MACHINE_LEAVES else report.drifts).append(d)
+    index = {int(d["draw_id"]): i for i, d in enumerate(recorded["draws"])}
+    fresh_draws = []
+    for d in draws:
+        try:
+            fresh = score_draw(sub.estimator_file, panel, d, progress, limits, env)
+        except PanelError as exc:
+            report.error = f"season panel: {exc}"
+            report.fix = ("a panel draw must rebuild to its recorded trajectory on every machine: "
+                          "report it with the machine's CPU and the versions of torch and "
+                          "transformers (docs/leaderboard.md, Seasons)")
+            return
+        except BenchmarkError as exc:
+            report.error = f"re-scoring on the season panel failed: {exc}"
+            report.fix = _failure_fix(sub, str(exc))
+            return
+        report.rescored.append(f"draw {d}")
+        fresh_draws.append(fresh)
+        i = index[int(d)]
+        got = _as_committed({"draws": [fresh]})["draws"][0]
+        for x in sorted(compare_results(recorded["draws"][i], got), key=lambda x: x.path):
+            leaf = x.path.rsplit(".", 1)[-1]
+            x = Drift(f"panel.draws.{i}.{x.path}", x.committed, x.recomputed)
+            (report.ignored if leaf in MACHINE_LEAVES else report.drifts).append(x)
+    if dump is not None and fresh_draws:
+        _dump(dump, f"{sub.path.name}.panel.json", {"season": panel.season,
+                                                     "draws": fresh_draws})
 
 
 def _submission_env(sub: Submission, envs: dict, report: VerifyReport):
@@ -282,23 +358,29 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
            release: str | Path | None = None, progress: bool = True,
            time_limit: float | None = None, live_check: bool = True,
            live_draw: int | None = None, live_scale: str | None = None,
-           dump: str | Path | None = None, panel_check: bool = True) -> list[VerifyReport]:
+           dump: str | Path | None = None, panel_check: bool = True,
+           sample_seed: str | None = None, full: bool = False) -> list[VerifyReport]:
     """Verify the given submission folders, or every one under ``submissions_dir``.
 
-    Each distinct set of declared requirements is installed once (and cached across runs). With
-    ``panel_check`` and a season panel in an entry's submissions folder (the folder above it,
-    ``_panel/panel.json``), every panel draw is built (or found) once before any entry is
-    scored, and every entry checked on it (:func:`verify_submission`); attack controls must
-    rank no higher than their base methods there
-    (:func:`benchmark.submissions.gate.attack_panel_checks`). With ``live_check``, every
-    entry is also scored on one new draw: ``live_draw``, else ``$BT_BENCH_LIVE_DRAW``, else an
-    id chosen now (:func:`benchmark.live.gate_draw_id`), printed before anything is scored so
-    that a failure can be reproduced. ``dump``: write each entry's recomputed results there.
+    With ``panel_check`` and a season panel in an entry's submissions folder (the folder above
+    it, ``_panel/panel.json``), the run's plan (:func:`benchmark.submissions.scope.make_plan`,
+    printed first) decides what is re-scored: entries the panel does not bind in full (public
+    release, every panel draw, the gate), the bound ones by a sample (``sample_seed`` reproduces
+    one; ``full`` re-scores everything); an entry whose bound files were edited fails. Each panel
+    draw the plan needs is built (or found) once before any entry is scored; attack controls
+    must rank no higher than their base methods on the panel
+    (:func:`benchmark.submissions.gate.attack_panel_checks`, from the bound panel files). With
+    ``live_check``, the unbound entries and the answer-key attack controls are also scored on
+    one new draw: ``live_draw``, else ``$BT_BENCH_LIVE_DRAW``, else an id chosen now
+    (:func:`benchmark.live.gate_draw_id`), printed before anything is scored. Each distinct set
+    of declared requirements is installed once (and cached across runs). ``dump``: write each
+    entry's recomputed results there.
     """
     from benchmark import live
     from benchmark.sandbox.layers import require_sandbox
     from benchmark.submissions.gate import attack_panel_checks
     from benchmark.submissions.panel import panel_release
+    from benchmark.submissions.scope import make_plan
 
     require_sandbox("bt-bench verify")  # before a draw is built
     folders = [Path(p) for p in paths] if paths else find_submissions(submissions_dir)
@@ -307,23 +389,38 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
             f"{submissions_dir}: no submissions found; create one with bt-bench submit FILE "
             "--name NAME --authors NAME."
         )
-    for f in folders:  # refuse a malformed one before any build
-        load_submission(f)
+    subs = {f: load_submission(f) for f in folders}  # refuse a malformed one before any build
     scale = live_scale or live.LIVE_SCALE
     # an entry's panel is the one in its own submissions folder (the folder above it)
     panels = {f: load_panel(f.resolve().parent) if panel_check else None for f in folders}
     seasons = {p.season: p for p in panels.values() if p is not None}
+    plans = {}
+    for season, panel in seasons.items():
+        mine = [f for f in folders if panels[f] is not None and panels[f].season == season]
+        plans[season] = make_plan(panel, mine, sample_seed, full)
+        print(f"season panel {panel.season}: draws {panel.draw_ids} ({panel.scale}), "
+              f"{len(panel.entries)} ranked entries, {len(panel.bindings)} bound", flush=True)
+        for line in plans[season].lines():
+            print(line, flush=True)
+    if not seasons:
+        plans[None] = None
+    plan_of = {f: plans[panels[f].season] if panels[f] is not None else None for f in folders}
     gate = None
     if live_check:
+        gated = [f for f in folders if plan_of[f] is None or f.name in plan_of[f].full
+                 or _answer_key(subs[f])]
         gate, source = live.gate_draw_id(live_draw)
-        print(f"live check: every entry is also scored on live draw {gate} ({scale}; "
-              f"{source}); reproduce with --live-draw {gate} or {live.LIVE_DRAW_ENV}={gate}",
-              flush=True)
-    for panel in seasons.values():
-        print(f"season panel {panel.season}: draws {panel.draw_ids} ({panel.scale}), "
-              f"{len(panel.entries)} ranked entries; every entry is re-scored on every draw",
-              flush=True)
-        for d in panel.draw_ids:  # each draw once, before any entry is scored on it
+        print(f"live check: {', '.join(f.name for f in gated) or 'no entry'} scored on live draw "
+              f"{gate} ({scale}; {source}; the entries not bound by the panel and the answer-key "
+              f"attack controls); reproduce with --live-draw {gate} or "
+              f"{live.LIVE_DRAW_ENV}={gate}", flush=True)
+        if not gated:
+            gate = None
+    for season, panel in seasons.items():
+        plan = plans[season]
+        need = sorted({d for f in folders if panels[f] is not None and panels[f].season == season
+                       for d in plan.draws_of(f.name, panel.draw_ids)})
+        for d in need:  # each draw once, before any entry is scored on it
             try:
                 panel_release(panel, d, progress=progress)
             except BenchmarkError:
@@ -335,7 +432,8 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
             pass  # reported by the entries
     envs: dict = {}
     reports = [verify_submission(f, release, progress, time_limit=time_limit, envs=envs,
-                                 live_draw=gate, live_scale=scale, dump=dump, panel=panels[f])
+                                 live_draw=gate, live_scale=scale, dump=dump, panel=panels[f],
+                                 plan=plan_of[f])
                for f in folders]
     for season, panel in seasons.items():
         attack_panel_checks([r for r, f in zip(reports, folders, strict=True)
@@ -349,7 +447,9 @@ def verify_command(args: Any) -> int:
                      time_limit=args.time_limit, live_check=not args.no_live_check,
                      live_draw=args.live_draw, live_scale=args.live_scale,
                      dump=getattr(args, "dump", None),
-                     panel_check=not getattr(args, "no_panel_check", False))
+                     panel_check=not getattr(args, "no_panel_check", False),
+                     sample_seed=getattr(args, "sample_seed", None),
+                     full=getattr(args, "full", False))
     for r in reports:
         print(r.format())
     bad = [r for r in reports if not r.ok]
