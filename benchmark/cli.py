@@ -72,11 +72,16 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     _add_executor(p)
     p.add_argument("--no-causal", action="store_true",
                    help="skip the causal score (replays training; item 10)")
+    p.add_argument("--fixed-data", action="store_true",
+                   help="also replay the oracle's and the estimator's removal sets with later "
+                        "rollouts held at their recorded tokens: the on-policy share per task "
+                        "(docs/causal.md; replays every set once more)")
     _add_isolation_flags(p)
     p.set_defaults(func=lambda a: _evaluate().evaluate_command(
         a.estimator, _release_or_live(a), a.out, a.seeds, progress=not a.no_progress,
         no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit,
-        causal=not a.no_causal, tasks=a.tasks, requirements=a.requirements))
+        causal=not a.no_causal, tasks=a.tasks, requirements=a.requirements,
+        fixed_data=a.fixed_data))
     c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
     c.add_argument("estimator", help="path of a .py file with one estimator class")
     c.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")

@@ -67,6 +67,10 @@ class EvalSettings:
             releases that ship a causal reference, i.e. ``tiny``).
         tie_completions: random tie completions per removal size where a method's top-k
             boundary cuts a tie (``benchmark.causal.score.removal_sets``; docs/causal.md).
+        fixed_data: also replay the oracle's and the estimator's removal sets with the later
+            rollouts held at their recorded tokens and report the on-policy share per task
+            (``benchmark.causal.onpolicy``; opt-in: it replays every set once more). Recorded
+            in the results only when on.
     """
 
     n_boot_precision: int = 1000
@@ -78,6 +82,7 @@ class EvalSettings:
     tasks: tuple[str, ...] | None = None
     causal: bool = True
     tie_completions: int = TIE_COMPLETIONS
+    fixed_data: bool = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,6 +355,9 @@ def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
     bar.update(1)
     bar.close()
     clock.lap("causal scores (replays)")
+    if settings.fixed_data and causal.get("tasks"):
+        _on_policy_shares(rel, causal_in, est, settings, progress, causal)
+        clock.lap("fixed-data replays (on-policy share)")
     return _results_document(rel, estimator_file, meta, info, env, isolation, methods, seeds,
                              tasks, settings, per_task, causal)
 
@@ -499,6 +507,19 @@ def _causal(rel: object, scores: dict, est: str, settings: EvalSettings, progres
     return res
 
 
+def _on_policy_shares(rel: object, scores: dict, est: str, settings: EvalSettings,
+                      progress: bool, causal: dict) -> None:
+    """Add each task's on-policy share block to ``causal["tasks"][t]`` (``--fixed-data``)."""
+    from benchmark.causal.onpolicy import on_policy_results
+    from benchmark.causal.score import settings_of
+
+    blocks, _ = on_policy_results(rel, scores, est, settings_of(asdict(settings)),
+                                  progress=progress)
+    for t, block in blocks.items():
+        if t in causal["tasks"]:
+            causal["tasks"][t]["on_policy_share"] = block
+
+
 def _bt_version() -> str:
     from benchmark import __version__
 
@@ -507,6 +528,8 @@ def _bt_version() -> str:
 
 def _settings_dict(settings: EvalSettings, seeds: list[int], tasks: list[str]) -> dict:
     d = asdict(settings)
+    if not d["fixed_data"]:  # opt-in: results without it keep the keys they always had
+        del d["fixed_data"]
     d["seeds"] = seeds
     d["tasks"] = tasks
     d["max_interval_width"] = C.MAX_WIDTH
@@ -591,6 +614,15 @@ def format_summary(results: dict) -> str:
                                              "precision [95% CI]", "other-task share",
                                              "draw AUC resid"], disable_numparse=True))
         lines.append("")
+        share = (task.get("causal") or {}).get("on_policy_share")
+        if share:
+            lines.append(tabulate(
+                [[clean_text(n, 24, multiline=False), _iv(m["on_policy_score"]),
+                  _iv(m["fixed_data_score"]), _iv(m["share"])]
+                 for n, m in share["methods"].items()],
+                headers=["removal sets of", "causal score (on-policy)", "fixed-data score",
+                         "on-policy share [95% CI]"], disable_numparse=True))
+            lines.append("")
         crow = []
         for item in task["checklist"]:
             per = item.get("per", {})
@@ -639,10 +671,11 @@ def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: 
                      progress: bool = True, no_isolation: bool = False,
                      time_limit: float | None = None, memory_gib: float | None = None,
                      causal: bool = True, tasks: list[str] | None = None,
-                     requirements: list[str] | None = None) -> int:
+                     requirements: list[str] | None = None, fixed_data: bool = False) -> int:
     """``bt-bench evaluate``: evaluate, print the summary, write results; exit 0."""
     settings = EvalSettings(seeds=tuple(seeds) if seeds else None,
-                            tasks=tuple(tasks) if tasks else None, causal=causal)
+                            tasks=tuple(tasks) if tasks else None, causal=causal,
+                            fixed_data=fixed_data)
     results = evaluate(estimator_file, release, settings, progress=progress,
                        isolation=_limits(no_isolation, time_limit, memory_gib),
                        env=_env(requirements, progress))

@@ -29,6 +29,13 @@ replay *join* at its first removed step as a copy of slice 0's parameters and op
 a replay *leaves* after its stop step, when its measure is taken. A bonus-off replay joins at its
 task's window start.
 
+**Fixed data.** ``run_batch(..., fixed=responses)`` trains every replay of the batch, the
+baseline included, on the recorded responses instead of sampling its own: the *fixed-data*
+replays behind the on-policy share (docs/causal.md). Advantages come from the recorded
+responses' rewards as in an on-policy step (group statistics unchanged, a removed rollout's
+advantage 0); log-probabilities and updates are recomputed under each replay's own parameters.
+Without ``fixed`` nothing changes: the on-policy path computes what it computed.
+
 The arithmetic is float64 throughout (sampling weights, log-probabilities and the update
 included), like :mod:`benchmark.build.precision`'s widened model, so rounding differences
 between machines are about 1e-16 and a sampled token practically never flips (docs/causal.md).
@@ -323,7 +330,8 @@ class StackedReplay:
 
 def run_batch(sr: StackedReplay, members: list[Member], start: tuple[int, dict] | None = None,
               save_states=(), measure_base: dict[int, tuple[str, ...]] | None = None,
-              reference: dict[int, list] | None = None, on_finish=None) -> dict:
+              reference: dict[int, list] | None = None, on_finish=None,
+              fixed: dict[int, list] | None = None) -> dict:
     """Run the baseline and every member to its stop, sharing the prefix (module docstring).
 
     Args:
@@ -337,6 +345,8 @@ def run_batch(sr: StackedReplay, members: list[Member], start: tuple[int, dict] 
         reference: ``{step: recorded responses}``: the result names the first step whose
             baseline responses differ (None: none differ, or no reference).
         on_finish: called with each member as it finishes (its ``result`` set).
+        fixed: ``{step: recorded responses}`` (rollout order): every replay trains on these
+            instead of sampling (fixed data, module docstring); None samples (on-policy).
 
     Returns:
         ``{"states": {step: state}, "base": {step: {task: (P,) probs}}, "first_divergent_step",
@@ -388,7 +398,13 @@ def run_batch(sr: StackedReplay, members: list[Member], start: tuple[int, dict] 
         if rows != list(range(len(who))):
             stack.keep(rows)
             who = [who[j] for j in rows]
-        responses = sr.sample_step(stack, step)
+        if fixed is not None:
+            if step not in fixed:
+                raise BuildError(f"fixed-data replay: no recorded responses for step {step}; "
+                                 f"pass every step from {first} to {last - 1}")
+            responses = [[list(r) for r in fixed[step]]] * stack.k
+        else:
+            responses = sr.sample_step(stack, step)
         if (reference is not None and who[0] is None and out["first_divergent_step"] is None
                 and step in reference
                 and [list(r) for r in reference[step]] != responses[0]):

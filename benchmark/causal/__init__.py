@@ -6,6 +6,8 @@ Owns:
   encoding, intervals, paired replicates, the random reference and measurable cells;
 * :mod:`.score`: removal sets (tie-aware), the shipped reference, the per-(seed, task) blocks
   and the item-10 checks that read :mod:`.stats` (it re-exports its names);
+* :mod:`.onpolicy`: the on-policy share: the oracle's and an estimator's removal sets replayed
+  with the later rollouts held at their recorded tokens (fixed data), against the causal score;
 * :mod:`.reference`: the causal reference a release ships (``seed<S>/causal.json``), computed on
   the build machine (``python -m benchmark.causal.reference RELEASE``);
 * :mod:`.store`: the per-machine replay store (jobs, keys, the stored baselines and removals)

@@ -497,6 +497,25 @@ def plan_replays(release, scores: dict, completions: int = TIE_COMPLETIONS):
     return refs, plan, jobs
 
 
+def stored_removal(ref: TaskReference, store, bases: dict, pos: tuple[int, ...]) -> Removal:
+    """The on-policy removal of ``pos`` on ``ref``'s (seed, task): shipped, empty or replayed here.
+
+    ``store`` is the replay store the estimator's removals went to; ``bases`` caches each seed's
+    stored baseline (filled as needed).
+    """
+    from benchmark.causal.store import Job
+
+    shipped = ref.shipped()
+    if pos in shipped:
+        return shipped[pos]
+    if not pos:
+        return Removal((), ref.base, ref.base, "empty")
+    if ref.seed not in bases:
+        bases[ref.seed] = store.baseline(ref.seed)
+    return Removal(pos, store.result(Job(ref.seed, ref.task, pos, ref.window_end, ref.n_per_step)),
+                   np.asarray(bases[ref.seed]["measures"][ref.task], np.float64), "replayed")
+
+
 def replays_pending(release, scores: dict, completions: int = TIE_COMPLETIONS) -> bool:
     """Whether :func:`causal_results` on ``scores`` would replay anything on this machine."""
     from benchmark.causal.replays import open_store
@@ -533,7 +552,6 @@ def causal_results(release, scores: dict, estimator: str,
         ran here and how long they took (not part of results: it depends on the cache).
     """
     from benchmark.causal.replays import open_store, run_jobs
-    from benchmark.causal.store import Job
 
     planned = plan_replays(release, scores, settings.tie_completions)
     if isinstance(planned, str):
@@ -544,22 +562,9 @@ def causal_results(release, scores: dict, estimator: str,
     bases: dict[int, dict] = {}
     curves: dict[tuple, dict] = {}
     cuts: dict[tuple, dict] = {}
-
-    def removal(s: int, t: str, pos: tuple[int, ...]) -> Removal:
-        ref = refs[(s, t)]
-        shipped = ref.shipped()
-        if pos in shipped:
-            return shipped[pos]
-        if not pos:
-            return Removal((), ref.base, ref.base, "empty")
-        if s not in bases:
-            bases[s] = store.baseline(s)
-        return Removal(pos, store.result(Job(s, t, pos, ref.window_end, ref.n_per_step)),
-                       np.asarray(bases[s]["measures"][t], np.float64), "replayed")
-
     for (s, t, name), (sets, cut) in plan.items():
-        curves.setdefault((s, t), {})[name] = [[removal(s, t, pos) for pos in comps]
-                                               for comps in sets]
+        curves.setdefault((s, t), {})[name] = [[stored_removal(refs[(s, t)], store, bases, pos)
+                                                for pos in comps] for comps in sets]
         cuts.setdefault((s, t), {})[name] = cut
     tasks: dict[str, dict] = {}
     samples: dict[str, dict[str, list]] = {}

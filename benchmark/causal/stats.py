@@ -474,3 +474,41 @@ def measurability(bonus_off: dict, reference_margins: dict[str, dict],
     return out | {"measurable": True, "measurable_reason": (
         f"the bonus-off effect is significant ({bonus_off['point']:+.3f}) and the "
         f"{out['reference']} removal clears the random reference by {iv}")}
+
+
+# ----------------------------------------------------------------------------------------------
+# the on-policy share (benchmark.causal.onpolicy)
+
+
+def on_policy_share(on_policy: list[tuple[float, np.ndarray]],
+                    fixed_data: list[tuple[float, np.ndarray]], level: float = 0.95) -> dict:
+    """``1 - mean C_fix / mean C_on`` over cells, with its paired percentile interval.
+
+    Args:
+        on_policy: per cell (seed) ``(point, (B,) replicates)`` of the causal score ``C_on``
+            (:func:`replicates`: prompts resampled, training noise added).
+        fixed_data: per cell, the same of the fixed-data score ``C_fix`` (the log-k area of the
+            fixed-data fractions; replicates on the same prompt resample, no training noise).
+        level: interval coverage.
+
+    Returns:
+        ``{"share": {point, lo, hi}, "fixed_data_score": {...}, "on_policy_score": {...}}``
+        (means over cells); the share's point is None where ``mean C_on`` is 0, and a
+        replicate whose ``mean C_on`` is 0 is left out of its interval.
+
+    Raises:
+        ValueError: no cell, or the two lists differ in length.
+    """
+    if not on_policy or len(on_policy) != len(fixed_data):
+        raise ValueError(f"on_policy_share needs one fixed-data score per on-policy score and at "
+                         f"least one cell; got {len(on_policy)} and {len(fixed_data)}")
+    on_p = float(np.mean([p for p, _ in on_policy]))
+    fix_p = float(np.mean([p for p, _ in fixed_data]))
+    on_r = np.mean(np.stack([np.asarray(r, np.float64) for _, r in on_policy]), axis=0)
+    fix_r = np.mean(np.stack([np.asarray(r, np.float64) for _, r in fixed_data]), axis=0)
+    ok = on_r != 0
+    share_r = 1.0 - fix_r[ok] / on_r[ok]
+    share = interval(1.0 - fix_p / on_p if on_p != 0 else float("nan"), share_r, level)
+    share = {k: v if math.isfinite(v) else None for k, v in share.items()}  # JSON: null
+    return {"share": share, "fixed_data_score": interval(fix_p, fix_r, level),
+            "on_policy_score": interval(on_p, on_r, level)}

@@ -48,7 +48,9 @@ class Job:
 
     ``task`` None with no positions is the seed's baseline (measured at every task's window end).
     ``bonus_off`` replays with ``task``'s bonus switched off (no positions): the denominator of
-    that task's fractions.
+    that task's fractions. ``fixed`` replays on the recorded responses instead of sampling
+    (the fixed-data replays of the on-policy share, docs/causal.md); with no positions it is
+    the fixed-data baseline of ``task``.
     """
 
     seed: int
@@ -57,6 +59,7 @@ class Job:
     stop: int
     n_per_step: int
     bonus_off: bool = False
+    fixed: bool = False
 
     @property
     def key(self) -> str:
@@ -65,6 +68,8 @@ class Job:
             return "baseline"
         if self.bonus_off:
             return f"{self.task}_bonus_off"
+        if self.fixed:
+            return f"{self.task}_fixed_{positions_hash(self.positions)}"
         return f"{self.task}_{positions_hash(self.positions)}"
 
     @property
@@ -75,13 +80,15 @@ class Job:
     def to_dict(self) -> dict:
         """Plain-JSON form (a worker's spec)."""
         return {"seed": self.seed, "task": self.task, "positions": list(self.positions),
-                "stop": self.stop, "n_per_step": self.n_per_step, "bonus_off": self.bonus_off}
+                "stop": self.stop, "n_per_step": self.n_per_step, "bonus_off": self.bonus_off,
+                "fixed": self.fixed}
 
     @classmethod
     def from_dict(cls, d: dict) -> Job:
         """Inverse of :meth:`to_dict`."""
         return cls(int(d["seed"]), d["task"], tuple(int(p) for p in d["positions"]),
-                   int(d["stop"]), int(d["n_per_step"]), bool(d.get("bonus_off", False)))
+                   int(d["stop"]), int(d["n_per_step"]), bool(d.get("bonus_off", False)),
+                   bool(d.get("fixed", False)))
 
 
 BASELINE = "baseline"
@@ -330,10 +337,19 @@ def run_batch_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
     stored on the way). ``report(job, seconds)`` is called as jobs finish.
 
     Returns timing facts: ``{"seed", "jobs", "start", "slice_steps", "seconds"}``.
+    Fixed-data jobs run after the others, as a batch of their own (:func:`run_fixed_jobs`).
     """
     from benchmark.build.replay import recorded_responses
     from benchmark.build.stacked import Member
 
+    fixed = [j for j in dict.fromkeys(jobs) if j.fixed]
+    if fixed:
+        facts = run_batch_jobs(store, seed, [j for j in jobs if not j.fixed]
+                               or [baseline_job(seed)], contexts, report)
+        more = run_fixed_jobs(store, seed, fixed, contexts, report)
+        return {**facts, "jobs": facts["jobs"] + more["jobs"],
+                "slice_steps": facts["slice_steps"] + more["slice_steps"],
+                "seconds": round(facts["seconds"] + more["seconds"], 2)}
     t0 = time.perf_counter()
     sr = seed_context(store, seed, contexts)
     cfg, nps = sr.cfg, sr.cfg.prompts_per_step * sr.cfg.group_size
@@ -391,11 +407,58 @@ def run_batch_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
             "slice_steps": res["slice_steps"], "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _run(sr, members, start, save, measure_base, reference, on_finish) -> dict:
+def _run(sr, members, start, save, measure_base, reference, on_finish, fixed=None) -> dict:
     from benchmark.build.stacked import run_batch
 
     return run_batch(sr, members, start=start, save_states=save, measure_base=measure_base,
-                     reference=reference, on_finish=on_finish)
+                     reference=reference, on_finish=on_finish, fixed=fixed)
+
+
+def run_fixed_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dict,
+                   report=None) -> dict:
+    """Run one seed's fixed-data jobs as one stacked batch on the recorded responses.
+
+    The batch's baseline is the fixed-data baseline; it starts from the on-policy baseline's
+    stored state where the two are still the same run: at or before the on-policy baseline's
+    first step whose sampled responses differ from the release's (before it, both trained on
+    the same tokens, so their states are the same bits). The on-policy baseline must be stored.
+
+    Returns timing facts as :func:`run_batch_jobs`.
+    """
+    from benchmark.build.replay import recorded_responses
+    from benchmark.build.stacked import Member
+
+    t0 = time.perf_counter()
+    sr = seed_context(store, seed, contexts)
+    nps = sr.cfg.prompts_per_step * sr.cfg.group_size
+    todo = [j for j in dict.fromkeys(jobs) if j.fixed and not store.has(j)]
+    if not todo:
+        return {"seed": seed, "jobs": 0, "start": 0, "slice_steps": 0, "seconds": 0.0}
+    start = batch_start(store.release_path, seed, todo)
+    div = store.baseline(seed)["first_divergent_step"]
+    if div is not None:
+        start = min(start, (div // STATE_EVERY) * STATE_EVERY)
+    members = []
+    for j in todo:
+        rem: dict[int, set[int]] = {}
+        for p in (p for p in j.positions if p < j.stop * nps):
+            rem.setdefault(p // nps, set()).add(p % nps)
+        members.append(Member(j.key, rem, j.stop, frozenset(), min(rem) if rem else j.stop,
+                              (j.task,)))
+    by_key = {m.key: j for m, j in zip(members, todo, strict=True)}
+
+    def finished(m: Member) -> None:
+        job = by_key[m.key]
+        _save_npy(store.path(job), m.result[job.task])
+        if report is not None:
+            report(job, time.perf_counter() - t0)
+
+    state = (start, store.state(seed, start)) if start > 0 else None
+    recorded = recorded_responses(store.release_path / f"seed{seed}",
+                                  upto=max(j.stop for j in todo))
+    res = _run(sr, members, state, (), {}, None, finished, fixed=recorded)
+    return {"seed": seed, "jobs": len(members), "start": start,
+            "slice_steps": res["slice_steps"], "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def run_lane(store: ReplayStore, lane: list[tuple[int, list[Job]]], contexts: dict,
