@@ -124,7 +124,8 @@ def test_live_release_is_a_release_with_a_lean_reference(live5):
     assert "exact_replay" not in ref and "seconds" not in ref
     for t in rel.tasks:
         assert "provenance" not in ref["tasks"][t]["methods"]
-        assert {"oracle", "norm-only", "step-order", "text-only"} <= set(ref["tasks"][t]["methods"])
+        assert {"oracle", "norm-only", "step-order", "text-only", "bm25"} <= set(
+            ref["tasks"][t]["methods"])
         assert all(len(lvl["sets"]) == L.LIVE_N_RANDOM for lvl in ref["tasks"][t]["random"])
     t = L.live_timings(live5)
     assert t["draw_id"] == DRAW and t["build_seconds"] > 0 and t["reference_seconds"] > 0

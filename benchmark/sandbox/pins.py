@@ -25,7 +25,7 @@ from benchmark.errors import BenchmarkError
 #: never declare them, the core environment provides them
 CORE_PACKAGES = ("bt-bench", "torch", "transformers", "numpy", "datasets", "huggingface-hub",
                  "scikit-learn", "tabulate", "tqdm", "safetensors", "pyarrow", "pyyaml",
-                 "matplotlib", "scipy")
+                 "matplotlib", "scipy", "rank-bm25")
 #: bump when the layout of an environment changes (invalidates every cached one)
 ENV_FORMAT = 2
 #: the file written last into a finished environment (its presence marks it intact)
