@@ -158,8 +158,10 @@ def score_isolated(
     Returns:
         ``(scores, info)``: scores[seed] = ``{"rollout": (n,), "step": (n_steps,),
         "draws": {draw_id: (m,)}}`` float64 arrays (validated: shape, dtype, finite), and
-        ``info`` with the contract checks and protections the evaluator established itself and
-        the limits.
+        ``info`` with the contract checks and protections the evaluator established itself, the
+        limits and ``seconds``: the wall time (s) of the scoring sandbox (``score``: start to
+        last score, every view of every seed) and of the determinism re-run (``rerun``),
+        measured here (machine-dependent: never part of results).
 
     Raises:
         IsolationError / EstimatorContractError: the sandbox failed; nothing was scored.
@@ -172,12 +174,16 @@ def score_isolated(
         if meta is not None and meta.get("sha256") not in (None, ws.sha256):
             raise IsolationError(f"estimator {ws.name} changed while it was being evaluated; "
                                  "rerun when the file is stable.")
+        t0 = time.monotonic()
         main = _run(ws, "score", False, deadline)
+        t1 = time.monotonic()
         if meta is not None and any(main.meta[k] != meta[k] for k in main.meta):
             raise IsolationError(f"estimator {ws.name} declared other capabilities or config "
                                  "when scoring than when inspected; they must be constant.")
         again = _run(ws, "score", True, deadline)
+        t2 = time.monotonic()
         checks = _deterministic(ws.name, views, main, again)
     return assemble(views, main.arrays), {"contract_checks": checks,
                                            "protections": main.protections,
-                                           "limits": asdict(limits)}
+                                           "limits": asdict(limits),
+                                           "seconds": {"score": t1 - t0, "rerun": t2 - t1}}

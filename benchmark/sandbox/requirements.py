@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmark.sandbox.limits import SMOKE_STEPS, Limits
@@ -118,6 +118,9 @@ class SubmissionEnv:
         core_site_dirs: site folders of bt-bench's interpreter the environment adds to its path
             (only when bt-bench runs in a virtual environment itself).
         wheels: ``(file name, sha256)`` of every wheel installed, as pip reported them.
+        build_seconds: wall time (s) the environment took to build on this machine (install,
+            checks and the sandboxed smoke test), as its marker recorded it; None when unknown
+            (an environment built before this was recorded).
     """
 
     prefix: Path
@@ -125,6 +128,7 @@ class SubmissionEnv:
     versions: tuple[tuple[str, str], ...]
     core_site_dirs: tuple[str, ...] = ()
     wheels: tuple[tuple[str, str], ...] = ()
+    build_seconds: float | None = None
 
     @property
     def python(self) -> Path:
@@ -263,6 +267,13 @@ def _remove_stale(envs: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _seconds(value: object) -> float | None:
+    """A recorded duration: a finite non-negative number, else None (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < float("inf") else None
+
+
 def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
     """The cached environment at ``target`` when it is complete and matches ``pins``."""
     try:
@@ -270,7 +281,8 @@ def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
         env = SubmissionEnv(target, tuple(marker["requirements"]),
                             tuple((str(n), str(v)) for n, v in marker["versions"]),
                             tuple(_core_site_dirs()),
-                            tuple((str(f), str(h)) for f, h in marker["wheels"]))
+                            tuple((str(f), str(h)) for f, h in marker["wheels"]),
+                            _seconds(marker.get("build_seconds")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if marker.get("format") != ENV_FORMAT or list(env.requirements) != pins \
@@ -348,7 +360,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
                 raise
             return env
         return SubmissionEnv(target, env.requirements, env.versions, env.core_site_dirs,
-                             env.wheels)
+                             env.wheels, env.build_seconds)
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
@@ -427,8 +439,10 @@ def _wheels(report: Path) -> list[tuple[str, str]]:
 
 def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -> SubmissionEnv:
     """Create the environment at ``prefix``, install the pins, smoke-test it, write the marker."""
+    import time
     import venv
 
+    t0 = time.monotonic()
     venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(prefix)
     site_dir = _site_packages(prefix)
     extra = _core_site_dirs()
@@ -487,7 +501,9 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
     env = SubmissionEnv(prefix, tuple(pins), tuple(versions), tuple(extra),
                         tuple(_wheels(report)))
     _smoke_test(env, modules, site_dir, where)
-    marker = {"requirements": list(env.requirements), "versions": [list(v) for v in versions],
+    env = replace(env, build_seconds=round(time.monotonic() - t0, 1))
+    marker = {"build_seconds": env.build_seconds, "requirements": list(env.requirements),
+              "versions": [list(v) for v in versions],
               "wheels": [list(w) for w in env.wheels], "core_site_dirs": list(extra),
               "core": _core_versions(), "source": package_source(pip_args),
               "python": sys.version, "format": ENV_FORMAT}

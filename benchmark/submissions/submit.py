@@ -117,9 +117,11 @@ def submit(
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     try:
         shutil.copyfile(src, tmp / ESTIMATOR_FILE)
+        timings: dict = {}
         results = evaluate(tmp / ESTIMATOR_FILE, release, progress=progress, isolation=limits,
-                           env=env)
+                           env=env, timings=timings)
         write_results(results, tmp / RESULTS_FILE)
+        meta["cost"] = _cost(results, timings, env)
         meta["frozen"] = {"sha256": file_sha256(tmp / ESTIMATOR_FILE), "utc": _now_utc()}
         season = load_panel(root) if panel else None
         if season is not None:
@@ -140,6 +142,20 @@ def submit(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _cost(results: dict, timings: dict, env) -> dict[str, Any]:
+    """``submission.yaml``'s ``cost``: this evaluation's scoring time and the env's build time."""
+    from benchmark.machine import fingerprint
+
+    fp = fingerprint()
+    score = timings.get("score estimator: score (sandbox)")
+    if score is None:  # in process: the whole scoring phase
+        score = timings.get("score estimator (sandbox, determinism re-run)", 0.0)
+    build = env.build_seconds if env is not None else None
+    return {"release": str(results["release"]["id"]), "score_rollouts_s": round(score, 1),
+            "env_build_s": None if build is None else round(build, 1),
+            "machine": f"{fp['cpu']}, {fp['cpu_count']} cores ({fp['torch_cpu_capability']})"}
 
 
 def _declared_requirements(folder: Path, given: Iterable[str] | None) -> list[str]:
