@@ -629,26 +629,28 @@ def _limits(no_isolation: bool, time_limit: float | None, memory_gib: float | No
                   memory_bytes=int(memory_gib * 2**30) if memory_gib else d.memory_bytes)
 
 
-def _env(requirements: list[str] | None, progress: bool):
+def _env(requirements: list[str] | None, progress: bool, sdists: list[str] | None = None):
     if not requirements:
         return None
     from benchmark.sandbox.requirements import ensure_env
 
     return ensure_env(requirements, where="--requirements",
-                      log=(lambda m: print(m, flush=True)) if progress else None)
+                      log=(lambda m: print(m, flush=True)) if progress else None,
+                      build_from_sdist=sdists or ())
 
 
 def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: list[int] | None,
                      progress: bool = True, no_isolation: bool = False,
                      time_limit: float | None = None, memory_gib: float | None = None,
                      causal: bool = True, tasks: list[str] | None = None,
-                     requirements: list[str] | None = None) -> int:
+                     requirements: list[str] | None = None,
+                     build_from_sdist: list[str] | None = None) -> int:
     """``bt-bench evaluate``: evaluate, print the summary, write results; exit 0."""
     settings = EvalSettings(seeds=tuple(seeds) if seeds else None,
                             tasks=tuple(tasks) if tasks else None, causal=causal)
     results = evaluate(estimator_file, release, settings, progress=progress,
                        isolation=_limits(no_isolation, time_limit, memory_gib),
-                       env=_env(requirements, progress))
+                       env=_env(requirements, progress, build_from_sdist))
     print(format_summary(results))
     if out:
         write_results(results, out)
@@ -658,12 +660,13 @@ def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: 
 
 def check_estimator_command(estimator_file: str, release: str, no_isolation: bool = False,
                             time_limit: float | None = None, memory_gib: float | None = None,
-                            requirements: list[str] | None = None) -> int:
+                            requirements: list[str] | None = None,
+                            build_from_sdist: list[str] | None = None) -> int:
     """``bt-bench check-estimator``: the contract checks on the first seed of a release."""
     from benchmark.releases.release import load_release
 
     limits = _limits(no_isolation, time_limit, memory_gib)
-    env = _env(requirements, True)
+    env = _env(requirements, True, build_from_sdist)
     rel = load_release(release)
     seed = rel.seeds[0]
     path = Path(estimator_file)

@@ -32,7 +32,7 @@ RESULTS_FILE = "results.json"
 REQUIRED_KEYS = ("name", "authors", "track")
 #: every key submission.yaml may hold, in the order ``submit`` writes them
 ALLOWED_KEYS = ("name", "authors", "track", "kind", "link", "description", "status", "reason",
-                "requirements", "cost", "frozen")
+                "requirements", "build_from_sdist", "cost", "frozen")
 KINDS = ("estimator", "control")
 #: ``status``: an entry runs (the default, omitted) or does not run on bt-bench's machines
 RUNS, DOES_NOT_RUN = "runs", "does-not-run-here"
@@ -166,6 +166,15 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
             raise SubmissionError(str(exc)) from None
         if pins:
             out["requirements"] = pins
+    if meta.get("build_from_sdist") is not None:
+        from benchmark.sandbox.requirements import parse_sdists
+
+        try:
+            sdists = parse_sdists(meta["build_from_sdist"], out.get("requirements", []), where)
+        except RequirementError as exc:
+            raise SubmissionError(str(exc)) from None
+        if sdists:
+            out["build_from_sdist"] = sdists
     if meta.get("cost") is not None:
         out["cost"] = _cost(meta["cost"], where)
     if meta.get("frozen") is not None:
@@ -255,7 +264,7 @@ def submission_env(sub: Submission, envs: dict):
     """The installed environment of ``sub``'s requirements.
 
     None without requirements, else the environment, or the :class:`RequirementError` its
-    installation raised (cached in ``envs``, ``tuple(pins) -> environment or error``, so each
+    installation raised (cached in ``envs``, ``(pins, sdists) -> environment or error``, so each
     distinct set is installed once).
     """
     from benchmark.sandbox.requirements import ensure_env
@@ -263,12 +272,14 @@ def submission_env(sub: Submission, envs: dict):
     pins = tuple(sub.meta.get("requirements", ()))
     if not pins:
         return None
-    if pins not in envs:
+    sdists = tuple(sub.meta.get("build_from_sdist", ()))
+    if (pins, sdists) not in envs:
         try:
-            envs[pins] = ensure_env(pins, where=str(sub.path / METADATA_FILE))
+            envs[(pins, sdists)] = ensure_env(pins, where=str(sub.path / METADATA_FILE),
+                                              build_from_sdist=sdists)
         except RequirementError as exc:
-            envs[pins] = exc
-    return envs[pins]
+            envs[(pins, sdists)] = exc
+    return envs[(pins, sdists)]
 
 
 def _plain_text(text: str, what: str, expected: str,

@@ -44,6 +44,7 @@ def submit(
     requirements: Iterable[str] | None = None,
     time_limit: float | None = None,
     panel: bool = True,
+    build_from_sdist: Iterable[str] | None = None,
 ) -> Path:
     """Evaluate an estimator file and write ``<submissions_dir>/<name>/``.
 
@@ -65,6 +66,9 @@ def submit(
             environment, :mod:`benchmark.sandbox.requirements`); None reads them from an existing
             ``<submissions_dir>/<name>/submission.yaml`` (none when there is no such file).
         time_limit: wall-time limit of the estimator's sandbox in seconds (default 600).
+        build_from_sdist: names of ``requirements`` pins published as source only (their
+            wheel is built in the sandbox); None reads them from an existing
+            ``submission.yaml``.
         panel: where ``<submissions_dir>/_panel/panel.json`` exists, also score the entry on
             the season panel's draws and write its ``panel.json`` (provisional: frozen after the
             panel); False only in tests. The submitter chooses no draw.
@@ -87,7 +91,8 @@ def submit(
     src = Path(estimator_file)
     require_sandbox("bt-bench submit")
     pins = _declared_requirements(Path(submissions_dir) / name, requirements)
-    env = ensure_env(pins, where=f"submission {name!r} requirements")
+    sdists = _declared_sdists(Path(submissions_dir) / name, build_from_sdist, pins)
+    env = ensure_env(pins, where=f"submission {name!r} requirements", build_from_sdist=sdists)
     limits = Limits(wall_seconds=time_limit) if time_limit else Limits()
     kw = env.sandbox_kwargs() if env is not None else {}
     declared = inspect_isolated(src, limits, **kw)  # sandboxed; contract errors before any work
@@ -104,6 +109,8 @@ def submit(
         )
     if pins:
         meta["requirements"] = pins
+    if sdists:
+        meta["build_from_sdist"] = sdists
     meta = validate_metadata(meta, f"submission {name!r}")
     meta["kind"] = _control_kind(src, declared["name"])
     root = Path(submissions_dir)
@@ -158,6 +165,20 @@ def _cost(results: dict, timings: dict, env) -> dict[str, Any]:
             "machine": f"{fp['cpu']}, {fp['cpu_count']} cores ({fp['torch_cpu_capability']})"}
 
 
+def _declared_sdists(folder: Path, given: Iterable[str] | None, pins: list[str]) -> list[str]:
+    """``given`` names, else ``folder/submission.yaml``'s ``build_from_sdist``; validated."""
+    from benchmark.sandbox.requirements import parse_sdists
+
+    if given is not None:
+        return parse_sdists(list(given), pins, "--build-from-sdist")
+    meta_path = folder / METADATA_FILE
+    if not meta_path.is_file():
+        return []
+    raw = read_metadata(meta_path)
+    value = raw.get("build_from_sdist") if isinstance(raw, dict) else None
+    return parse_sdists(value, pins, str(meta_path))
+
+
 def _declared_requirements(folder: Path, given: Iterable[str] | None) -> list[str]:
     """``given`` pins, else those of ``folder/submission.yaml`` when it exists; validated."""
     if given is not None:
@@ -180,6 +201,7 @@ def submit_command(args: Any) -> int:
         release=args.release, submissions_dir=args.submissions_dir, force=args.force,
         progress=not args.no_progress, requirements=args.requirements,
         time_limit=args.time_limit, panel=not args.no_panel,
+        build_from_sdist=getattr(args, "build_from_sdist", None),
     )
     results = read_json(target / RESULTS_FILE)
     print(format_summary(results))
