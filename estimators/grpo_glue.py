@@ -180,3 +180,52 @@ def token_logprobs(model, ids, att, mask):
     m = mask[:, 1:]
     logp = -F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
     return (logp * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def per_checkpoint(rv: RunView, score_rows) -> np.ndarray:
+    """``(n,)`` scores, each rollout scored at its governing checkpoint by ``score_rows``.
+
+    ``score_rows(c, rows)`` gets a checkpoint ``c`` and the rollouts ``rows`` it governs (int64
+    indices, ascending) and returns their ``(len(rows),)`` scores; it is not called where all
+    their advantages are 0 (zero gradients: score 0).
+    """
+    adv = np.asarray(rv.advantages, np.float64)
+    gov = governing(rv)
+    out = np.zeros(rv.n)
+    for c in sorted(rv.checkpoint_steps):
+        rows = np.flatnonzero(gov == c)
+        if rows.size and np.any(adv[rows] != 0):
+            out[rows] = np.asarray(score_rows(c, rows), np.float64).reshape(rows.size)
+    return out
+
+
+def hf_labels(seqs: list[list[int]], masks: list[list[int]]) -> list[list[int]]:
+    """Hugging Face ``labels``: the token where the mask is 1, else -100 (no loss)."""
+    return [[t if m else -100 for t, m in zip(s, mk, strict=True)]
+            for s, mk in zip(seqs, masks, strict=True)]
+
+
+def checkpoint_with_positions(src, dst, positions: int = 4096):
+    """A copy of checkpoint folder ``src`` at ``dst`` whose config allows ``positions`` tokens.
+
+    For libraries that size their batches by the model's maximum length (64 in ``tiny``): these
+    models use the default rotary embedding, computed from the position alone (no learned
+    table), so the same weights give the same outputs on every sequence the release holds.
+
+    Raises:
+        ValueError: another rope type, whose tables could depend on the maximum length.
+    """
+    import json
+    import shutil
+    from pathlib import Path
+
+    dst = Path(dst)
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    rope = (cfg.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope != "default":
+        raise ValueError(f"{src}: rope type {rope!r}; only the default rotary embedding is "
+                         "independent of max_position_embeddings.")
+    cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings", 0)), positions)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
