@@ -384,7 +384,7 @@ def test_verify_reports_an_uninstallable_requirement_with_its_fix(tmp_path, monk
     assert report.error.startswith("requirements could not be installed: ")
     assert "'btb-fixture-absent==1.0' cannot be installed" in report.error
     assert report.fix.startswith(f"correct requirements: in {sub.path / 'submission.yaml'}")
-    assert list(envs) == [("btb-fixture-absent==1.0",)]  # installed (tried) once per set
+    assert list(envs) == [(("btb-fixture-absent==1.0",), ())]  # tried once per (pins, sdists)
 
 
 def test_cli_parses_requirements_and_time_limits():
