@@ -229,3 +229,67 @@ def checkpoint_with_positions(src, dst, positions: int = 4096):
     cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings", 0)), positions)
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst
+
+
+def cached_scores(est, view: RunView, compute, threads: int = 1) -> np.ndarray:
+    """``(view.n,)`` scores of ``view`` from ``compute(rv)``, computed once per (seed, task).
+
+    ``compute`` gets the rollout view and returns ``(rv.n,)`` rollout scores; they are kept on
+    the estimator instance (keyed by :func:`fingerprint`) for the other view of the same run and
+    task, and computed with ``threads`` torch threads (restored afterwards).
+    """
+    import torch
+
+    rv = rollout_view(view, est.name)
+    cache = est.__dict__.setdefault("_scores_", {})
+    key = fingerprint(rv)
+    if key not in cache:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            cache[key] = np.asarray(compute(rv), np.float64)
+        finally:
+            torch.set_num_threads(before)
+    return to_view(view, cache[key])
+
+
+def work_dir(est, prefix: str):
+    """A private temporary folder for ``est``'s files, removed when the instance is collected."""
+    import shutil
+    import tempfile
+    import weakref
+    from pathlib import Path
+
+    work = est.__dict__.get("_work_")
+    if work is None:
+        work = tempfile.mkdtemp(prefix=prefix)
+        weakref.finalize(est, shutil.rmtree, work, True)
+        est.__dict__["_work_"] = work
+    return Path(work)
+
+
+def save_rollouts_dataset(rv: RunView, rows: np.ndarray, path) -> None:
+    """Rollouts ``rows`` as a Hugging Face dataset saved at ``path``.
+
+    Columns: ``input_ids`` (prompt + response as trained), ``labels`` (the response tokens,
+    -100 on the prompt) and ``advantage`` (the GRPO advantage).
+    """
+    from datasets import Dataset
+
+    seqs, masks = rollout_rows(rv)
+    adv = np.asarray(rv.advantages, np.float64)
+    Dataset.from_dict({"input_ids": [seqs[i] for i in rows],
+                       "labels": hf_labels([seqs[i] for i in rows], [masks[i] for i in rows]),
+                       "advantage": adv[rows].tolist()}).save_to_disk(str(path))
+
+
+def save_queries_dataset(rv: RunView, tok, n_queries: int, path) -> None:
+    """The behavior queries (:func:`behavior_queries`) as a Hugging Face dataset at ``path``.
+
+    Columns: ``input_ids`` and ``labels`` (the behavior token only, -100 elsewhere).
+    """
+    from datasets import Dataset
+
+    q_seqs, q_masks = behavior_queries(rv, tok, n_queries)
+    Dataset.from_dict({"input_ids": q_seqs, "labels": hf_labels(q_seqs, q_masks)}) \
+        .save_to_disk(str(path))
