@@ -37,9 +37,6 @@ Requires bergson and the packages it imports (declared in ``submission.yaml``).
 from __future__ import annotations
 
 import shutil
-import tempfile
-import weakref
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -60,23 +57,9 @@ class BergsonEKFAC(BaseEstimator):
         self.threads = threads
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        rv = G.rollout_view(view, self.name)
-        cache = self.__dict__.get("_cache_")
-        if cache is None:
-            work = tempfile.mkdtemp(prefix="bergson-ekfac-")
-            weakref.finalize(self, shutil.rmtree, work, True)
-            cache = self.__dict__["_cache_"] = {"work": work, "scores": {}}
-        key = G.fingerprint(rv)
-        if key not in cache["scores"]:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                cache["scores"][key] = self._compute(rv, Path(cache["work"]) / key[:16])
-            finally:
-                torch.set_num_threads(threads)
-        return G.to_view(view, cache["scores"][key])
+        return G.cached_scores(self, view, self._compute, self.threads)
 
-    def _compute(self, rv: RunView, work: Path) -> np.ndarray:
+    def _compute(self, rv: RunView) -> np.ndarray:
         from bergson.config.config import (
             DataConfig,
             HessianConfig,
@@ -88,29 +71,22 @@ class BergsonEKFAC(BaseEstimator):
         )
         from bergson.data import load_scores
         from bergson.hessians.pipeline import hessian_pipeline
-        from datasets import Dataset
 
+        work = G.work_dir(self, "bergson-") / G.fingerprint(rv)[:16]
         tok, _ = G.load_tokenizer(rv.tokenizer_dir)
-        adv = np.asarray(rv.advantages, np.float64)
-        seqs, masks = G.rollout_rows(rv)
-        q_seqs, q_masks = G.behavior_queries(rv, tok, self.n_queries)
         # the sandbox's /tmp is memory: keep only this seed's runs (their Hessian factors)
         for old in work.parent.glob("seed*_run_*"):
             if not old.name.startswith(f"seed{rv.seed}_"):
                 shutil.rmtree(old, ignore_errors=True)
         work.mkdir(parents=True)
         query = work / "query_data"
-        Dataset.from_dict({"input_ids": q_seqs, "labels": G.hf_labels(q_seqs, q_masks)}) \
-            .save_to_disk(str(query))
+        G.save_queries_dataset(rv, tok, self.n_queries, query)
 
         def score_rows(c: int, rows: np.ndarray) -> np.ndarray:
             value = work / f"value_{c:04d}"
-            Dataset.from_dict({"input_ids": [seqs[i] for i in rows],
-                               "labels": G.hf_labels([seqs[i] for i in rows],
-                                                     [masks[i] for i in rows]),
-                               "advantage": adv[rows].tolist()}).save_to_disk(str(value))
+            G.save_rollouts_dataset(rv, rows, value)
             # one run folder per (seed, checkpoint): the Hessian factors depend on the run only
-            # and is kept (resume); the query's steps are redone for each task
+            # and are kept (resume); the query's steps are redone for each task
             run = work.parent / f"seed{rv.seed}_run_{c:04d}"
             for step in ("query", "kfac_query", "scores"):
                 shutil.rmtree(run / step, ignore_errors=True)

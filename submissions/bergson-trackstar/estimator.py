@@ -26,8 +26,9 @@ Settings: bergson's TrackStar defaults (``projection_dim`` 16 per module side, m
 governed rollout enters the Hessian: at most 768 here). Rollouts with advantage 0 have a zero
 gradient; bergson's cosine of a zero gradient is 0. The training data's Hessian depends on the
 run only: bergson's run folder is kept per (seed, checkpoint) and its ``resume`` option skips
-that step for the next task, whose query steps are redone. Scores are summed per step for the
-step view.
+that step for the next task, whose query steps are redone; everything else is removed as soon
+as it is read, and a seed's runs when the next seed starts (the sandbox's ``/tmp`` is memory).
+Scores are summed per step for the step view.
 
 Requires bergson and the packages it imports (declared in ``submission.yaml``).
 """
@@ -35,15 +36,15 @@ Requires bergson and the packages it imports (declared in ``submission.yaml``).
 from __future__ import annotations
 
 import shutil
-import tempfile
-import weakref
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from estimators import grpo_glue as G
 from estimators.base import BaseEstimator, RunView
+
+#: the steps of bergson's TrackStar run folder that depend on the query (redone per task)
+TASK_STEPS = ("query_hessian", "mixed_hessian", "query", "scores")
 
 
 class BergsonTrackStar(BaseEstimator):
@@ -58,23 +59,9 @@ class BergsonTrackStar(BaseEstimator):
         self.threads = threads
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        rv = G.rollout_view(view, self.name)
-        cache = self.__dict__.get("_cache_")
-        if cache is None:
-            work = tempfile.mkdtemp(prefix="bergson-")
-            weakref.finalize(self, shutil.rmtree, work, True)
-            cache = self.__dict__["_cache_"] = {"work": work, "scores": {}}
-        key = G.fingerprint(rv)
-        if key not in cache["scores"]:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                cache["scores"][key] = self._compute(rv, Path(cache["work"]) / key[:16])
-            finally:
-                torch.set_num_threads(threads)
-        return G.to_view(view, cache["scores"][key])
+        return G.cached_scores(self, view, self._compute, self.threads)
 
-    def _compute(self, rv: RunView, work: Path) -> np.ndarray:
+    def _compute(self, rv: RunView) -> np.ndarray:
         from bergson.cli.trackstar import trackstar
         from bergson.config.config import (
             DataConfig,
@@ -83,27 +70,24 @@ class BergsonTrackStar(BaseEstimator):
             TrackstarIndexConfig,
         )
         from bergson.data import load_scores
-        from datasets import Dataset
 
+        work = G.work_dir(self, "bergson-") / G.fingerprint(rv)[:16]
         tok, _ = G.load_tokenizer(rv.tokenizer_dir)
-        adv = np.asarray(rv.advantages, np.float64)
-        seqs, masks = G.rollout_rows(rv)
-        q_seqs, q_masks = G.behavior_queries(rv, tok, self.n_queries)
+        # the sandbox's /tmp is memory: keep only this seed's runs (their value Hessians)
+        for old in work.parent.glob("seed*_run_*"):
+            if not old.name.startswith(f"seed{rv.seed}_"):
+                shutil.rmtree(old, ignore_errors=True)
         work.mkdir(parents=True)
         query = work / "query_data"
-        Dataset.from_dict({"input_ids": q_seqs, "labels": G.hf_labels(q_seqs, q_masks)}) \
-            .save_to_disk(str(query))
+        G.save_queries_dataset(rv, tok, self.n_queries, query)
 
         def score_rows(c: int, rows: np.ndarray) -> np.ndarray:
             value = work / f"value_{c:04d}"
-            Dataset.from_dict({"input_ids": [seqs[i] for i in rows],
-                               "labels": G.hf_labels([seqs[i] for i in rows],
-                                                     [masks[i] for i in rows]),
-                               "advantage": adv[rows].tolist()}).save_to_disk(str(value))
+            G.save_rollouts_dataset(rv, rows, value)
             # one run folder per (seed, checkpoint): the value Hessian depends on the run only
             # and is kept (resume); the query's steps are redone for each task
             run = work.parent / f"seed{rv.seed}_run_{c:04d}"
-            for step in ("query_hessian", "mixed_hessian", "query", "scores"):
+            for step in TASK_STEPS:
                 shutil.rmtree(run / step, ignore_errors=True)
             model = G.checkpoint_with_positions(rv.checkpoint_dir[c], work / f"model_{c:04d}")
             torch.manual_seed(rv.seed * 100_003 + c)  # bergson's random draws: seeded by the run
@@ -114,6 +98,9 @@ class BergsonTrackStar(BaseEstimator):
             trackstar(index_cfg, TrackstarConfig(query=QuerySetConfig(dataset=str(query)),
                                                  stats_sample_size=None, resume=True))
             scores = load_scores(run / "scores")  # (len(rows), n_queries)
-            return np.asarray(scores[:], np.float64).reshape(rows.size, -1).sum(1)
+            out = np.asarray(scores[:], np.float64).reshape(rows.size, -1).sum(1)
+            for done in (*(run / step for step in TASK_STEPS), value, model):
+                shutil.rmtree(done, ignore_errors=True)
+            return out
 
         return G.per_checkpoint(rv, score_rows)

@@ -81,17 +81,7 @@ class DattriTracIn(BaseEstimator):
         self.threads = threads
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        rv = G.rollout_view(view, self.name)
-        cache = self.__dict__.setdefault("_scores_", {})
-        key = G.fingerprint(rv)
-        if key not in cache:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                cache[key] = self._compute(rv)
-            finally:
-                torch.set_num_threads(threads)
-        return G.to_view(view, cache[key])
+        return G.cached_scores(self, view, self._compute, self.threads)
 
     def _compute(self, rv: RunView) -> np.ndarray:
         from torch.utils.data import DataLoader, TensorDataset

@@ -32,9 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
-import tempfile
-import weakref
 
 import numpy as np
 import torch
@@ -81,32 +78,14 @@ class TrakerTRAK(BaseEstimator):
         self.threads = threads
 
     def score_rollouts(self, view: RunView) -> np.ndarray:
-        rv = G.rollout_view(view, self.name)
-        cache = self._cache()
-        key = G.fingerprint(rv)
-        if key not in cache["scores"]:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                cache["scores"][key] = self._compute(rv, cache)
-            finally:
-                torch.set_num_threads(threads)
-        return G.to_view(view, cache["scores"][key])
+        return G.cached_scores(self, view, self._compute, self.threads)
 
-    def _cache(self) -> dict:
-        cache = self.__dict__.get("_cache_")
-        if cache is None:
-            work = tempfile.mkdtemp(prefix="traker-")
-            weakref.finalize(self, shutil.rmtree, work, True)
-            cache = {"work": work, "trakers": {}, "scores": {}}
-            self.__dict__["_cache_"] = cache
-        return cache
-
-    def _traker(self, rv: RunView, c: int, rows: np.ndarray, seqs, masks, q, pad, cache):
+    def _traker(self, rv: RunView, c: int, rows: np.ndarray, seqs, masks, q, pad):
         """The TRAKer of checkpoint ``c`` over the rollouts ``rows``, featurized once."""
+        trakers = self.__dict__.setdefault("_trakers_", {})
         key = (rv.seed, c, str(rv.checkpoint_dir[c]),
                hashlib.sha256(np.asarray(rows).tobytes()).hexdigest())
-        if key not in cache["trakers"]:
+        if key not in trakers:
             model = G.load_model(rv.checkpoint_dir[c])
             n_params = sum(p.numel() for p in model.parameters())
             torch.manual_seed(0)
@@ -114,7 +93,8 @@ class TrakerTRAK(BaseEstimator):
                                        proj_type=ProjectionType.normal, device="cpu",
                                        dtype=torch.float32)
             traker = TRAKer(model=model, task=_GRPOOutput(), train_set_size=len(rows),
-                            save_dir=f"{cache['work']}/seed{rv.seed}_step{c:04d}_{key[3][:8]}",
+                            save_dir=str(G.work_dir(self, "traker-")
+                                         / f"seed{rv.seed}_step{c:04d}_{key[3][:8]}"),
                             device="cpu", projector=projector, use_half_precision=False,
                             logging_level=logging.ERROR)
             traker.load_checkpoint(model.state_dict(), model_id=0)
@@ -124,10 +104,10 @@ class TrakerTRAK(BaseEstimator):
                 traker.featurize(batch=(ids, mask, torch.as_tensor(q[part], dtype=torch.float32)),
                                  num_samples=len(part))
             traker.finalize_features()
-            cache["trakers"][key] = (traker, model.state_dict())
-        return cache["trakers"][key]
+            trakers[key] = (traker, model.state_dict())
+        return trakers[key]
 
-    def _compute(self, rv: RunView, cache: dict) -> np.ndarray:
+    def _compute(self, rv: RunView) -> np.ndarray:
         tok, pad = G.load_tokenizer(rv.tokenizer_dir)
         q = -G.grpo_coef(rv)  # A_i / N
         gov = G.governing(rv)
@@ -139,7 +119,7 @@ class TrakerTRAK(BaseEstimator):
             rows = np.flatnonzero(gov == c)
             if rows.size == 0 or not np.any(q[rows] != 0):
                 continue
-            traker, state = self._traker(rv, c, rows, seqs, masks, q, pad, cache)
+            traker, state = self._traker(rv, c, rows, seqs, masks, q, pad)
             exp = f"{rv.behavior.id}_{G.fingerprint(rv)[:12]}"
             traker.start_scoring_checkpoint(exp_name=exp, checkpoint=state, model_id=0,
                                             num_targets=q_ids.shape[0])
