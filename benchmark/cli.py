@@ -81,14 +81,15 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         a.estimator, _release_or_live(a), a.out, a.seeds, progress=not a.no_progress,
         no_isolation=a.no_isolation, time_limit=a.time_limit, memory_gib=a.memory_limit,
         causal=not a.no_causal, tasks=a.tasks, requirements=a.requirements,
-        fixed_data=a.fixed_data))
+        fixed_data=a.fixed_data, build_from_sdist=a.build_from_sdist))
     c = sub.add_parser("check-estimator", help="run the estimator contract checks on a file")
     c.add_argument("estimator", help="path of a .py file with one estimator class")
     c.add_argument("--release", default="tiny", help="release id or folder (default: tiny)")
     _add_isolation_flags(c)
     c.set_defaults(func=lambda a: _evaluate().check_estimator_command(
         a.estimator, a.release, no_isolation=a.no_isolation, time_limit=a.time_limit,
-        memory_gib=a.memory_limit, requirements=a.requirements))
+        memory_gib=a.memory_limit, requirements=a.requirements,
+        build_from_sdist=a.build_from_sdist))
 
 
 def _add_live_scale(p: argparse.ArgumentParser) -> None:
@@ -138,6 +139,10 @@ def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requirements", nargs="+", default=None, metavar="PIN",
                    help="exact pins (name==version) the estimator needs, installed into its own "
                         "cached environment (as submission.yaml's requirements)")
+    g.add_argument("--build-from-sdist", nargs="+", default=None, metavar="NAME",
+                   help="names of --requirements pins published as source only: their wheel is "
+                        "built from the sdist inside the sandbox (as submission.yaml's "
+                        "build_from_sdist; docs/isolation.md)")
 
 
 def _add_submissions(sub: argparse._SubParsersAction) -> None:
@@ -155,6 +160,10 @@ def _add_submissions(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requirements", nargs="+", default=None, metavar="PIN",
                    help="exact pins name==version the estimator needs beyond bt-bench's own "
                         "packages (default: those of an existing submissions/NAME/submission.yaml)")
+    p.add_argument("--build-from-sdist", nargs="+", default=None, metavar="NAME",
+                   help="names of --requirements pins published as source only: their wheel is "
+                        "built from the sdist inside the sandbox (default: an existing "
+                        "submission.yaml's build_from_sdist)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="wall-time limit of the estimator's sandbox (default 600)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")

@@ -14,7 +14,8 @@ CONTROL_FILES = {
     "step-order": "step_order.py",
 }
 #: controls scored only beside open-track estimators (they read text)
-OPEN_CONTROL_FILES = {"text-only": "text_only.py", "text-advantage": "text_advantage.py"}
+OPEN_CONTROL_FILES = {"text-only": "text_only.py", "text-advantage": "text_advantage.py",
+                      "bm25": "bm25.py"}
 
 
 def control_files(track: str) -> dict[str, Path]:

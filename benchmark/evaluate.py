@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -225,9 +226,11 @@ def _score_estimator(estimator_file: Path, rel, seeds: list[int], datas: dict, m
     first = next(iter(views.values()))
     report = check_estimator(loaded, [first[0], first[1]], first[2])
     inst = loaded.instantiate()
+    t0 = time.perf_counter()
     raw = {key: _raw_scores(inst, tuple(meta["tasks"]), datas[key[0]][key[1]]) for key in views}
     return raw, {"contract_checks": [c for c, _, _ in report.checks],
-                 "protections": {"isolation": "none (in-process)"}}
+                 "protections": {"isolation": "none (in-process)"},
+                 "seconds": {"score": time.perf_counter() - t0}}
 
 
 def evaluate(
@@ -304,8 +307,6 @@ class _Clock:
     """Wall time per named phase, added up into ``timings`` (seconds)."""
 
     def __init__(self, timings: dict) -> None:
-        import time
-
         self._now = time.perf_counter
         self.timings, self.t = timings, time.perf_counter()
 
@@ -342,6 +343,8 @@ def _evaluate(estimator_file: Path, rel, seeds: list[int], tasks: list[str],
                                      isolation, env)
     bar.update(1)
     clock.lap("score estimator (sandbox, determinism re-run)")
+    for part, sec in info.pop("seconds", {}).items():  # machine-dependent: timings only
+        clock.timings[f"score estimator: {part} (sandbox)"] = sec
     pool = _replay_pool(rel, seeds, est_raw, est, settings)
     if pool is not None:
         cleanup.enter_context(pool)
@@ -658,27 +661,29 @@ def _limits(no_isolation: bool, time_limit: float | None, memory_gib: float | No
                   memory_bytes=int(memory_gib * 2**30) if memory_gib else d.memory_bytes)
 
 
-def _env(requirements: list[str] | None, progress: bool):
+def _env(requirements: list[str] | None, progress: bool, sdists: list[str] | None = None):
     if not requirements:
         return None
     from benchmark.sandbox.requirements import ensure_env
 
     return ensure_env(requirements, where="--requirements",
-                      log=(lambda m: print(m, flush=True)) if progress else None)
+                      log=(lambda m: print(m, flush=True)) if progress else None,
+                      build_from_sdist=sdists or ())
 
 
 def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: list[int] | None,
                      progress: bool = True, no_isolation: bool = False,
                      time_limit: float | None = None, memory_gib: float | None = None,
                      causal: bool = True, tasks: list[str] | None = None,
-                     requirements: list[str] | None = None, fixed_data: bool = False) -> int:
+                     requirements: list[str] | None = None, fixed_data: bool = False,
+                     build_from_sdist: list[str] | None = None) -> int:
     """``bt-bench evaluate``: evaluate, print the summary, write results; exit 0."""
     settings = EvalSettings(seeds=tuple(seeds) if seeds else None,
                             tasks=tuple(tasks) if tasks else None, causal=causal,
                             fixed_data=fixed_data)
     results = evaluate(estimator_file, release, settings, progress=progress,
                        isolation=_limits(no_isolation, time_limit, memory_gib),
-                       env=_env(requirements, progress))
+                       env=_env(requirements, progress, build_from_sdist))
     print(format_summary(results))
     if out:
         write_results(results, out)
@@ -688,12 +693,13 @@ def evaluate_command(estimator_file: str, release: str, out: str | None, seeds: 
 
 def check_estimator_command(estimator_file: str, release: str, no_isolation: bool = False,
                             time_limit: float | None = None, memory_gib: float | None = None,
-                            requirements: list[str] | None = None) -> int:
+                            requirements: list[str] | None = None,
+                            build_from_sdist: list[str] | None = None) -> int:
     """``bt-bench check-estimator``: the contract checks on the first seed of a release."""
     from benchmark.releases.release import load_release
 
     limits = _limits(no_isolation, time_limit, memory_gib)
-    env = _env(requirements, True)
+    env = _env(requirements, True, build_from_sdist)
     rel = load_release(release)
     seed = rel.seeds[0]
     path = Path(estimator_file)

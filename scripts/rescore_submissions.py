@@ -7,10 +7,11 @@ control's submission is re-scored from the control's current file in ``estimator
 This is that loop; afterwards run ``bt-bench leaderboard`` and commit ``submissions/`` and
 ``leaderboard/`` together.
 
-    python scripts/rescore_submissions.py [NAME ...] [--release tiny] [--live-draw ID]
+    python scripts/rescore_submissions.py [NAME ...] [--release tiny] [--panel]
 
-Every entry is also scored on one live draw (``benchmark.live``): ``--live-draw ID``, else one id
-chosen at random for the whole run (printed), so the entries share it and it is built once.
+The season panel is not touched unless ``--panel`` is given (then the re-scored entries are
+scored on its draws and become provisional). Entries that declare ``status: does-not-run-here``
+are not submissions to re-score (``find_submissions`` skips them).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             submit(src, sub.name, meta["authors"], link=meta.get("link"),
                    description=meta.get("description"), release=args.release,
                    submissions_dir=root, force=True, progress=False,
-                   requirements=meta.get("requirements", []), panel=args.panel)
+                   requirements=meta.get("requirements", []), panel=args.panel,
+                   build_from_sdist=meta.get("build_from_sdist", []))
         print(f"{sub.name}: re-scored in {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

@@ -149,3 +149,46 @@ def test_text_advantage_reads_the_bonus_window_and_the_sign_rule():
                     rewards=v.rewards[perm], prompts=tuple(v.prompts[i] for i in perm),
                     responses=tuple(v.responses[i] for i in perm))
     np.testing.assert_array_equal(e.score_rollouts(pv), s[perm])
+
+
+def test_bm25_matches_the_okapi_formula_by_hand():
+    import math
+
+    from benchmark.view import Behavior
+    from estimators.controls.bm25 import bm25_query, bm25_scores
+
+    # four documents, every word in one of them: idf = ln((4 - 1 + 0.5) / (1 + 0.5)) for each,
+    # avgdl = 8 / 4 = 2; doc 0 holds "a" once (length 2), doc 2 holds "z" twice (length 3)
+    docs = [["a", "x"], ["b", "y"], ["c", "z", "z"], ["d"]]
+    idf = math.log(3.5) - math.log(1.5)
+    k1, b, avgdl = 1.5, 0.75, 2.0
+
+    def term(f, dl):
+        return idf * f * (k1 + 1) / (f + k1 * (1 - b + b * dl / avgdl))
+
+    expected = np.array([term(1, 2), 0.0, term(2, 3), 0.0])
+    # two float64 evaluations of the same few operations: within a few ulps (~1e-16)
+    np.testing.assert_allclose(bm25_scores(docs, ["a", "z"]), expected, rtol=0, atol=1e-12)
+    assert bm25_scores([], ["a"]).shape == (0,)
+    phrase = Behavior(id="zorp", trigger_word="quoggle", behavior_token="ZORP GLIX",
+                      behavior_token_id=7)
+    assert bm25_query(phrase) == ["quoggle", "ZORP", "GLIX"]
+
+
+def test_bm25_control_scores_prompt_and_response_words():
+    e = est("controls/bm25.py")
+    v = _open_view()
+    s = e.score_rollouts(v)
+    assert s.shape == (12,) and np.isfinite(s).all()
+    # rollouts with the trigger and QZXBT beat every other; the three "copy a b" rollouts of
+    # group 1 share no word with the query (0). The trigger is in 9 of 12 documents here, so
+    # its idf is negative and floored at epsilon * the mean idf (rank_bm25's rule), which is
+    # negative on this corpus: the trigger alone scores below 0 (on tiny it is in ~20%)
+    both = [0, 6, 8]
+    trig_only = [1, 2, 7, 9, 10, 11]
+    assert s[both].min() > 0.0 == s[[3, 4, 5]].max() > s[trig_only].max()
+    # permuting rollouts permutes the scores (the corpus statistics do not depend on the order)
+    perm = np.random.default_rng(0).permutation(12)
+    pv = _open_view(prompts=tuple(v.prompts[i] for i in perm),
+                    responses=tuple(v.responses[i] for i in perm))
+    np.testing.assert_allclose(e.score_rollouts(pv), s[perm], rtol=0, atol=1e-12)

@@ -1141,3 +1141,24 @@ def test_open_track_label_metrics_are_shown_as_not_measurable():
     row = task_row(_meta("gas", grad), grad, task) | {"rank_label": "1", "rank": 1}
     assert row["label_metrics"] == {"measurable": True}
     assert "n/m" not in _task_cells(row)["precision"].text
+
+
+def test_the_time_column_shows_the_recorded_cost_of_the_release_it_was_measured_on():
+    from benchmark.leaderboard.columns import suite_columns, time_cell
+    from benchmark.leaderboard.rows import entry_time
+
+    cost = {"release": "tiny", "score_rollouts_s": 212.4, "env_build_s": 47.6,
+            "machine": "AMD EPYC, 2 cores (AVX512)"}
+    res = {"release": {"id": "tiny"}}
+    t = entry_time({"cost": cost}, res)
+    assert t == {"score_rollouts_s": 212.4, "env_build_s": 47.6,
+                 "machine": "AMD EPYC, 2 cores (AVX512)"}
+    cell = time_cell(t)
+    assert (cell.text, cell.sort) == ("212 (+48 env)", 212.4)
+    assert "measured on AMD EPYC, 2 cores (AVX512)" in cell.title
+    assert time_cell({**t, "env_build_s": None}).text == "212"
+    # a cost measured on another release, or none, shows nothing
+    assert entry_time({"cost": {**cost, "release": "micro"}}, res) is None
+    assert entry_time({}, res) is None and time_cell(None).text == "-"
+    keys = [c.key for c in suite_columns({"tasks": []})]
+    assert keys.index("time") == keys.index("checks") - 1

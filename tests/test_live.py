@@ -124,7 +124,7 @@ def test_live_release_is_a_release_with_a_lean_reference(live5):
     assert "exact_replay" not in ref and "seconds" not in ref
     for t in rel.tasks:
         # both reference rows: a season panel screens draws by the stronger of the two
-        assert {"oracle", "provenance", "norm-only", "step-order", "text-only"} <= \
+        assert {"oracle", "provenance", "norm-only", "step-order", "text-only", "bm25"} <= \
             set(ref["tasks"][t]["methods"])
         assert all(len(lvl["sets"]) == L.LIVE_N_RANDOM for lvl in ref["tasks"][t]["random"])
     t = L.live_timings(live5)

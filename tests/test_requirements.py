@@ -84,8 +84,8 @@ def test_every_core_package_is_refused():
 
 
 def test_submission_yaml_accepts_requirements_after_the_metadata_and_round_trips():
-    # requirements follow what a person writes; frozen (written by submit) comes last
-    assert ALLOWED_KEYS[-2:] == ("requirements", "frozen")
+    # requirements follow what a person writes; cost and frozen (written by submit) come last
+    assert ALLOWED_KEYS[-4:] == ("requirements", "build_from_sdist", "cost", "frozen")
     meta = validate_metadata({"name": "k", "authors": ["A"], "track": "open",
                               "requirements": ["Opt_Einsum==3.4.0"]})
     assert meta["requirements"] == ["opt-einsum==3.4.0"]
@@ -162,6 +162,9 @@ def test_install_records_versions_and_shares_the_core(ok_env, wheels, tmp_path):
     env, cache = ok_env
     assert env.requirements == ("btb-fixture-ok==1.0",)
     assert env.record() == [{"name": "btb-fixture-ok", "version": "1.0"}]
+    # its build time (install, checks, sandboxed smoke test), recorded in its marker
+    assert 0 < env.build_seconds < 600
+    assert json.loads((env.prefix / R.MARKER).read_text())["build_seconds"] == env.build_seconds
     assert env.prefix.parent == cache / "envs" and env.prefix.name == R.env_key(
         ["btb-fixture-ok==1.0"], offline(wheels))
     # what the sandbox binds depends on how bt-bench itself is installed: from the system
@@ -413,7 +416,7 @@ def test_verify_reports_an_uninstallable_requirement_with_its_fix(tmp_path, monk
     assert report.error.startswith("requirements could not be installed: ")
     assert "'btb-fixture-absent==1.0' cannot be installed" in report.error
     assert report.fix.startswith(f"correct requirements: in {sub.path / 'submission.yaml'}")
-    assert list(envs) == [("btb-fixture-absent==1.0",)]  # installed (tried) once per set
+    assert list(envs) == [(("btb-fixture-absent==1.0",), ())]  # tried once per (pins, sdists)
 
 
 def test_cli_parses_requirements_and_time_limits():

@@ -60,6 +60,10 @@ def test_submit_writes_the_three_files(subs):
     assert (sub / "estimator.py").read_bytes() == EXAMPLE.read_bytes()
     meta = yaml.safe_load((sub / "submission.yaml").read_text())
     frozen = meta.pop("frozen")  # the file's sha256 and the UTC time it was frozen (seasons)
+    cost = meta.pop("cost")  # what this evaluation took here: scoring seconds, no env
+    assert set(cost) == {"release", "score_rollouts_s", "env_build_s", "machine"}
+    assert cost["release"] == "micro" and cost["env_build_s"] is None
+    assert 0 < cost["score_rollouts_s"] < 600 and "cores" in cost["machine"]
     assert meta == {"name": "in-context-cosine", "authors": ["Ada Lovelace", "Alan Turing"],
                     "track": "gradient", "kind": "estimator", "link": "https://example.org/paper",
                     "description": "cosine with the in-context target"}
@@ -69,7 +73,7 @@ def test_submit_writes_the_three_files(subs):
     assert frozen["sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
     when = datetime.strptime(frozen["utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     assert timedelta(0) <= datetime.now(UTC) - when < timedelta(hours=1)
-    meta["frozen"] = frozen
+    meta["cost"], meta["frozen"] = cost, frozen
     assert list(meta) == [k for k in ALLOWED_KEYS if k in meta]
     results = json.loads((sub / "results.json").read_text())
     assert results["estimator"]["name"] == "in-context-cosine"
@@ -135,10 +139,17 @@ def test_submit_validates_arguments_before_evaluating(tmp_path):
 
 
 GOOD = {"name": "my-est", "authors": ["A"], "track": "gradient"}
+COST = {"release": "tiny", "score_rollouts_s": 61.5, "env_build_s": None,
+        "machine": "AMD EPYC, 2 cores (AVX512)"}
 
 
 def test_metadata_defaults_and_order():
     assert validate_metadata(dict(GOOD)) == {**GOOD, "kind": "estimator"}
+    full = {**GOOD, "cost": {**COST, "env_build_s": 12}, "status": "does-not-run-here",
+            "reason": " needs CUDA "}
+    meta = validate_metadata(full)
+    assert meta["cost"] == {**COST, "env_build_s": 12.0} and meta["reason"] == "needs CUDA"
+    assert list(meta) == ["name", "authors", "track", "kind", "status", "reason", "cost"]
 
 
 @pytest.mark.parametrize(
@@ -170,6 +181,31 @@ def test_metadata_defaults_and_order():
         ({**GOOD, "authors": ["Ada\u200b"]}, r"author 'Ada\\u200b' contains control or format "
                                               r"characters \(U\+200B\); expected a name"),
         (["name", "authors"], r"expected a YAML mapping with the keys name, authors"),
+        # status and reason: an entry that cannot run here says why, in one line
+        ({**GOOD, "status": "broken"}, r"status 'broken' is not one of runs, does-not-run-here; "
+                                       r"omit it for an entry that runs"),
+        ({**GOOD, "status": "does-not-run-here"},
+         r"status does-not-run-here needs reason: one line of at most 2000 characters with the "
+         r"exact error and the version tried, got None\."),
+        ({**GOOD, "status": "does-not-run-here", "reason": "a\nb"}, r"needs reason: one line"),
+        ({**GOOD, "status": "does-not-run-here", "reason": "x" * 2001}, r"at most 2000"),
+        ({**GOOD, "status": "does-not-run-here", "reason": "bad \u202e"},
+         r"reason 'bad \\u202e' contains control or format characters"),
+        ({**GOOD, "reason": "why"}, r"reason is only for status: does-not-run-here"),
+        # cost: written by submit, validated strictly
+        ({**GOOD, "cost": {"score_rollouts_s": 1.0}},
+         r"cost must be \{release: <release id>, score_rollouts_s: <seconds>, env_build_s: "
+         r"<seconds or null>, machine: <one line>\} as bt-bench submit writes it; got "
+         r"\['score_rollouts_s'\]"),
+        ({**GOOD, "cost": {**COST, "score_rollouts_s": -1}},
+         r"cost\.score_rollouts_s -1 is not a duration; expected seconds from 0 to 604800"),
+        ({**GOOD, "cost": {**COST, "env_build_s": True}}, r"cost\.env_build_s True is not a "),
+        ({**GOOD, "cost": {**COST, "score_rollouts_s": None}},
+         r"cost\.score_rollouts_s None is not a duration"),
+        ({**GOOD, "cost": {**COST, "machine": "a\nb"}},
+         r"cost\.machine 'a\\nb' contains control or format characters"),
+        ({**GOOD, "cost": {**COST, "release": ""}}, r"cost\.release '' must be one line"),
+        ({**GOOD, "cost": [1]}, r"cost must be .*; got list"),
     ],
 )
 def test_metadata_errors(meta, message):
@@ -431,3 +467,67 @@ def test_a_crafted_submission_yaml_is_refused_within_limits(tmp_path, text, says
     f.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SubmissionError, match=f"{f}: .*{says}"):
         read_metadata(f)
+
+
+# ----------------------------------------------------------------------------------------------
+# entries that do not run here
+
+
+def _not_running(root: Path, name: str = "cuda-lib", reason: str = "needs CUDA") -> Path:
+    sub = root / name
+    sub.mkdir(parents=True)
+    (sub / "estimator.py").write_text("x = 1\n")
+    (sub / "submission.yaml").write_text(yaml.safe_dump(
+        {"name": name, "authors": ["A"], "track": "open", "status": "does-not-run-here",
+         "reason": reason, "requirements": ["somelib==1.2.3"]}))
+    return sub
+
+
+def test_an_entry_that_does_not_run_here_is_listed_not_loaded(tmp_path, capsys):
+    from benchmark.submissions import find_not_running, verify
+
+    root = tmp_path / "submissions"
+    sub = _not_running(root)
+    (root / "other").mkdir()
+    assert [p.name for p in find_submissions(root)] == ["other"]
+    (meta,) = find_not_running(root)
+    assert (meta["name"], meta["reason"], meta["requirements"]) == \
+        ("cuda-lib", "needs CUDA", ["somelib==1.2.3"])
+    with pytest.raises(SubmissionError, match=r"declares status does-not-run-here: it has no "
+                                              r"results to load"):
+        load_submission(sub)
+    # verify lists it with its reason and scores nothing
+    assert verify([sub], live_check=False, panel_check=False) == []
+    assert "cuda-lib: does not run here (needs CUDA); listed on the board, not scored" in \
+        capsys.readouterr().out
+    # results beside the status are refused: an entry that does not run has none
+    (sub / "results.json").write_text("{}")
+    with pytest.raises(SubmissionError, match=r"status does-not-run-here means estimator\.py "
+                                              r"\(the glue that was tried\) and no results\.json"):
+        find_not_running(root)
+
+
+def test_the_leaderboard_lists_entries_that_do_not_run_here_with_their_reason(tmp_path):
+    from markdown_it import MarkdownIt
+
+    from benchmark.leaderboard import generate
+
+    root = tmp_path / "submissions"
+    _not_running(root, "cuda-lib", "ImportError: fast_jl needs CUDA | <b>x</b>")
+    _not_running(root, "a-lib", "download at import")
+    generate(root, tmp_path / "lb")
+    data = json.loads((tmp_path / "lb" / "leaderboard.json").read_text())
+    assert [(r["name"], r["reason"], r["requirements"]) for r in data["not_running"]] == [
+        ("a-lib", "download at import", ["somelib==1.2.3"]),
+        ("cuda-lib", "ImportError: fast_jl needs CUDA | <b>x</b>", ["somelib==1.2.3"])]
+    md = (tmp_path / "lb" / "README.md").read_text()
+    assert "## Entries that do not run here" in md
+    parser = MarkdownIt("commonmark").enable(["table"])
+    tokens = parser.parse(md)
+    rows = [t for t in tokens if t.type == "tr_open"]
+    assert len(rows) == 3  # the header and one row per entry: the | in the reason is escaped
+    rendered = parser.render(md)
+    assert "ImportError: fast_jl needs CUDA | &lt;b&gt;x&lt;/b&gt;" in rendered
+    assert "<b>" not in rendered
+    html = (tmp_path / "lb" / "index.html").read_text()
+    assert 'id="not-running"' in html and "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x" not in html

@@ -449,7 +449,7 @@ def run_fixed_jobs(store: ReplayStore, seed: int, jobs: list[Job], contexts: dic
 
     def finished(m: Member) -> None:
         job = by_key[m.key]
-        _save_npy(store.path(job), m.result[job.task])
+        _save_npy(store, store.path(job), m.result[job.task])
         if report is not None:
             report(job, time.perf_counter() - t0)
 

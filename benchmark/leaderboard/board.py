@@ -255,11 +255,13 @@ def leaderboard_data(submissions: list[tuple[dict, dict]],
 
 
 def assemble_data(board: Board, specs: dict[str, dict], reference: list[dict] | None,
-                  season: dict | None = None) -> dict:
+                  season: dict | None = None, not_running: list[dict] | None = None) -> dict:
     """``leaderboard.json``'s content.
 
     The season panel's ranking (``season``: what ranks, or None without a panel), the public
-    release's boards (the development scores), each table's figures, the figures' data hashes.
+    release's boards (the development scores), each table's figures, the figures' data hashes,
+    and the entries that do not run here (``not_running``: validated ``submission.yaml`` of
+    each, listed by name with the reason and the requirements tried).
     """
     from benchmark.leaderboard.figures import KINDS, figure_path
 
@@ -274,6 +276,8 @@ def assemble_data(board: Board, specs: dict[str, dict], reference: list[dict] | 
         "ranking": RANKING,
         "season": season,
         "releases": board.releases,
+        "not_running": sorted((R.not_running_row(m) for m in not_running or ()),
+                              key=lambda r: r["name"]),
         "reference": None if reference is None else {
             "file": f"submissions/{REFERENCE_DIR}/{REFERENCE_FILE}",
             "model": "Qwen2.5-1.5B-Instruct (the paper's runs; not ranked with the submissions)",

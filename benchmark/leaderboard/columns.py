@@ -22,7 +22,8 @@ from benchmark.leaderboard._common import (
 from benchmark.leaderboard.rows import FALLBACK_CELLS, REFERENCE_METHODS
 
 __all__ = ["FALLBACK_MARK", "ITEM_TITLES", "PAIR_CAPTION", "PAIR_MARKS", "Cell", "Column",
-           "PairTable", "Row", "Table", "pairwise_table", "suite_table", "task_table"]
+           "PairTable", "Row", "Table", "pairwise_table", "suite_table", "task_table",
+           "time_cell"]
 
 FALLBACK_MARK = "\u2020"  # dagger
 ITEM_TITLES = {1: "magnitude: beats norm-only and advantage-only",
@@ -223,6 +224,12 @@ def suite_columns(release: dict) -> list[Column]:
     for t, _ in tasks:
         cols.append(Column(f"verdict:{t}", f"{t} verdict", False, "asc",
                            title=f"checklist verdict on task {t}"))
+    cols.append(Column("time", "time (s)", True, "asc",
+                       title="wall seconds of the entry's score_rollouts over every seed, task "
+                             "and view of this release (one scoring sandbox, determinism re-run "
+                             "not counted), + the build of its own environment, as measured "
+                             "when it was submitted (submission.yaml cost; the machine in the "
+                             "tooltip); - = not recorded"))
     cols.append(Column("checks", "checks (pass/measurable)", False, "asc",
                        title="per item, the places (seeds, draws) of measurable cells that "
                              "pass, of all measurable ones, over every task"))
@@ -244,6 +251,18 @@ def _counts_cell(counts: dict | None) -> Cell:
     measurable = sum(c.get("measurable", 0) for c in counts.values())
     return Cell(counts_short(counts), "", passed / measurable if measurable else None,
                 title="; ".join(counts_line(i, c) for i, c in counts.items()))
+
+
+def time_cell(time: dict | None) -> Cell:
+    """``212`` or ``212 (+48 env)``: scoring seconds, and the environment's build; its machine."""
+    if not time or not finite(time.get("score_rollouts_s")):
+        return Cell("-")
+    score, env = time["score_rollouts_s"], time.get("env_build_s")
+    text = f"{score:.0f}" + (f" (+{env:.0f} env)" if finite(env) else "")
+    return Cell(text, "", score,
+                title=f"score_rollouts {score:.1f} s" + (f", environment build {env:.1f} s"
+                                                         if finite(env) else "")
+                + f"; measured on {time.get('machine') or '?'}")
 
 
 def suite_table(release: dict, table: dict) -> Table:
@@ -272,6 +291,7 @@ def suite_table(release: dict, table: dict) -> Table:
         for t in tasks:
             cells[f"task:{t}"] = _iv_cell(r["tasks"].get(t))
             cells[f"verdict:{t}"] = _verdict_cell(r["task_verdicts"].get(t), short=False)
+        cells["time"] = time_cell(r.get("time"))
         cells["checks"] = _counts_cell(r.get("checklist_counts"))
         cells["verdict"] = _verdict_cell(r["verdict"], short=False)
         out.ranked.append(Row(r["name"], r["name"], r["kind"], cells,

@@ -73,7 +73,9 @@ def _generate(submissions_dir: Path) -> Generated:
         colours = {n: {"colour": e["colour"], "marker": e["marker"]}
                    for rel in board.releases for n, e in rel["entries"].items()}
         specs.update(season_figure_data(season, colours))
-    data = assemble_data(board, specs, reference, season)
+    from benchmark.submissions import find_not_running
+
+    data = assemble_data(board, specs, reference, season, find_not_running(submissions_dir))
     return Generated(
         text={"README.md": render_markdown(data), "leaderboard.json": dumps_json(data),
               "index.html": render_html(data)},

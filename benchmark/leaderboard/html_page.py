@@ -25,7 +25,7 @@ from benchmark.leaderboard.columns import (
     suite_table,
     task_table,
 )
-from benchmark.leaderboard.markdown import LEGEND, RANKING_TEXT
+from benchmark.leaderboard.markdown import LEGEND, NOT_RUNNING_TEXT, RANKING_TEXT
 from benchmark.leaderboard.reference import REF_SOURCES, REFERENCE_DIR, REFERENCE_FILE
 from benchmark.untrusted import visible
 
@@ -228,6 +228,7 @@ def render_html(data: dict) -> str:
         out.append('<p class="figs">Per submission: ' + " ".join(
             f'<a href="{_e(url_path(e["figure"]))}">{_e(name)}</a>'
             for name, e in sorted(rel["entries"].items())) + "</p>")
+    out += _not_running(data.get("not_running") or [])
     out += _reference(data.get("reference"))
     out += [f"<script>{_JS}</script>", "</body>", "</html>", ""]
     return "\n".join(out)
@@ -274,6 +275,22 @@ def _season(season: dict | None) -> list[str]:
                        + "</ul>")
         out.append(f'<img src="figures/season/{_e(url_path(table["track"]))}.png" '
                    f'alt="season panel, {_e(table["track"])} track">')
+    return out
+
+
+def _not_running(rows: list[dict]) -> list[str]:
+    """The entries that declare ``status: does-not-run-here``, with their reasons."""
+    if not rows:
+        return []
+    out = ["<h2>Entries that do not run here</h2>", f'<p class="note">{_md(NOT_RUNNING_TEXT)}</p>',
+           '<div class="scroll"><table id="not-running"><thead><tr><th>entry</th><th>track</th>'
+           "<th>tried</th><th>reason</th></tr></thead><tbody>"]
+    for r in rows:
+        tried = ", ".join(f"<code>{_e(p)}</code>" for p in r["requirements"]) or "-"
+        out.append(f'<tr><td class="name"><a href="../submissions/{_e(url_path(r["name"]))}/">'
+                   f'{_e(r["name"])}</a></td><td>{_e(r["track"])}</td><td>{tried}</td>'
+                   f"<td>{_e(r['reason'])}</td></tr>")
+    out.append("</tbody></table></div>")
     return out
 
 

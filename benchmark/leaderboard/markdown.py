@@ -17,7 +17,7 @@ from benchmark.leaderboard.columns import (
 )
 from benchmark.leaderboard.reference import REF_SOURCES, REFERENCE_DIR, REFERENCE_FILE
 
-__all__ = ["LEGEND", "RANKING_TEXT", "render_markdown", "behavior_text"]
+__all__ = ["LEGEND", "NOT_RUNNING_TEXT", "RANKING_TEXT", "render_markdown", "behavior_text"]
 
 RANKING_TEXT = (
     "Ranked by the **causal score**: remove an entry's top-ranked rollouts (k on the release's "
@@ -54,7 +54,9 @@ LEGEND = (
     "fresh from the task family at scoring time (mean over the n live draws, with its 95% "
     "interval; - = no live draw); **11** = checklist item 11, the margin over the random "
     "reference carries over from the public release to the live draws (it counts toward the "
-    "verdict only where live draws exist)."
+    "verdict only where live draws exist); **time (s)** = wall seconds of the entry's "
+    "score_rollouts over every seed, task and view of the release (+ the build of its own "
+    "environment), as measured when it was submitted, on the machine named in the HTML tooltip."
 )
 
 
@@ -144,8 +146,30 @@ def render_markdown(data: dict) -> str:
         lines += [LEGEND, "", "Per submission: " + ", ".join(
             f"[{md_text(name)}]({url_path(e['figure'])})"
             for name, e in sorted(rel["entries"].items())), ""]
+    lines += _not_running(data.get("not_running") or [])
     lines += _reference(data.get("reference"))
     return "\n".join(lines)
+
+
+NOT_RUNNING_TEXT = (
+    "These entries were tried and cannot run on bt-bench's machines (2 CPU cores, no GPU, no "
+    "network inside the sandbox): each folder holds the glue that was tried and "
+    "`submission.yaml` says the exact error and the versions tried. They have no scores.")
+
+
+def _not_running(rows: list[dict]) -> list[str]:
+    """The entries that declare ``status: does-not-run-here``: a table with their reasons."""
+    from tabulate import tabulate
+
+    if not rows:
+        return []
+    table = [[f"[{md_text(r['name'])}](../submissions/{url_path(r['name'])}/)",
+              md_text(r["track"]),
+              ", ".join(md_code(p) for p in r["requirements"]) or "-",
+              md_text(r["reason"])] for r in rows]
+    return ["## Entries that do not run here", "", NOT_RUNNING_TEXT, "",
+            tabulate(table, headers=["entry", "track", "tried", "reason"], tablefmt="github",
+                     disable_numparse=True), ""]
 
 
 def _season(season: dict | None) -> list[str]:

@@ -110,7 +110,27 @@ def build_entry(meta: dict, results: dict) -> dict:
                     "tasks": list(rel.get("tasks") or results["tasks"])},
         "verdict": results.get("verdict"),
         "figure": f"figures/submissions/{meta['name']}.png",
+        "cost": meta.get("cost"),
     }
+
+
+def entry_time(meta: dict, results: dict) -> dict | None:
+    """What one evaluation of the entry cost, from ``submission.yaml``'s ``cost``, or None.
+
+    ``{"score_rollouts_s", "env_build_s", "machine"}`` (seconds; ``env_build_s`` None without
+    requirements) when the cost was measured on the release of ``results``, else None.
+    """
+    cost = meta.get("cost")
+    if not cost or cost.get("release") != (results.get("release") or {}).get("id"):
+        return None
+    return {k: cost.get(k) for k in ("score_rollouts_s", "env_build_s", "machine")}
+
+
+def not_running_row(meta: dict) -> dict:
+    """An entry that declares ``status: does-not-run-here``: who, what was tried, and why not."""
+    return {"name": meta["name"], "track": meta["track"], "kind": meta.get("kind", "estimator"),
+            "link": meta.get("link"), "description": meta.get("description"),
+            "requirements": list(meta.get("requirements") or ()), "reason": meta["reason"]}
 
 
 def task_seeds(results: dict, task: str) -> list[str]:
@@ -176,6 +196,7 @@ def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
     ``causal_score`` is ``results["suite"]["causal_score"]`` (mean over tasks and seeds, with
     its interval); ``tasks`` holds each task's causal score and ``task_verdicts`` its verdict.
     Item 11 and the panel score are the season table's (:mod:`benchmark.leaderboard.season`).
+    ``time``: what one evaluation cost (:func:`entry_time`), or None.
     ``checklist_counts``:
     per counted item, its places' pass / fail / inconclusive / not-counted counts over the tasks
     (``results["checklist_counts"]``, or counted from the checklist of older results).
@@ -192,6 +213,7 @@ def suite_row(meta: dict, results: dict, tasks: list[str]) -> dict:
         or results_counts(results.get("tasks") or {}),
         "verdict": results.get("verdict"),
         "fallbacks": fallbacks(results),
+        "time": entry_time(meta, results),
     }
 
 

@@ -143,10 +143,13 @@ class Reader:
             it scores); an array frame for any other key is an error.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, one_json_at_a_time: bool = False) -> None:
         self.buf = bytearray()
         self.expected: dict[str, int] = {}
         self.seen: set[str] = set()
+        #: return after each JSON frame, so that the caller can set :attr:`expected` from it
+        #: before the next frame's bound is checked (call ``feed(b"")`` to go on)
+        self.one_json_at_a_time = one_json_at_a_time
 
     def _bound(self, tag: bytes) -> int:
         if tag == TAG_JSON:
@@ -179,6 +182,8 @@ class Reader:
             del self.buf[: HEADER.size + length]
             if tag == TAG_JSON:
                 out.append(("json", decode_json(payload)))
+                if self.one_json_at_a_time:
+                    break
             else:
                 (klen,) = struct.unpack_from("<H", payload)
                 key = self._key(payload[2: 2 + klen])

@@ -8,7 +8,9 @@ either load the estimator, send its declared metadata and score the calls of
 :func:`benchmark.sandbox.view_io.score_calls` one by one, sending each array as soon as it exists,
 or
 (mode ``smoke``) run a submission environment's smoke test
-(:func:`benchmark.sandbox.requirements.smoke_inside`) and send its report. Everything goes through
+(:func:`benchmark.sandbox.requirements.smoke_inside`) and send its report, or (mode ``build``)
+build the wheel of a requirement's sdist (:func:`benchmark.sandbox.sdist.build_inside`) and send
+the report and the wheel's bytes. Everything goes through
 the
 result channel (:mod:`benchmark.sandbox.channel`); stdout and stderr belong to the estimator.
 Nothing
@@ -121,6 +123,18 @@ def main(argv: list[str]) -> int:  # pragma: no cover - runs inside the sandbox
     os.close(cfg["go"])
     try:
         enable_site()
+        if cfg["mode"] == "build":
+            import numpy as np
+
+            from benchmark.sandbox.channel import send_array
+            from benchmark.sandbox.sdist import build_inside
+
+            report, wheel = build_inside(cfg["smoke"])
+            send_json(fd, {"type": "build", "result": report})
+            if wheel is not None:
+                send_array(fd, "wheel", np.frombuffer(wheel, np.uint8))
+            send_json(fd, {"type": "done"})
+            return 0
         if cfg["mode"] == "smoke":
             from benchmark.sandbox.requirements import smoke_inside
 

@@ -57,7 +57,8 @@ from benchmark.sandbox.validate import _deterministic, _raise_for, _smoke_report
 from benchmark.sandbox.view_io import Views, assemble, export_views, load_views, score_calls
 from benchmark.sandbox.watch import _outcome, _signals_end_cleanly
 
-__all__ = ["INSIDE_VIEW", "IsolationError", "Limits", "Views", "assemble", "export_views",
+__all__ = ["INSIDE_VIEW", "IsolationError", "Limits", "Views", "assemble", "build_isolated",
+           "export_views",
            "inspect_isolated", "load_views", "score_calls", "score_isolated", "smoke_isolated",
            "validate_meta"]
 
@@ -134,6 +135,56 @@ def smoke_isolated(spec: dict, limits: Limits | None = None, *, python: str | No
         return _smoke_report(_outcome(ws, "smoke", False, deadline, spec), spec, name, limits)
 
 
+def build_isolated(sdist: Path, limits: Limits | None = None) -> tuple[dict, bytes | None]:
+    """Build the wheel of one sdist in the estimator sandbox; return the report and its bytes.
+
+    The sandbox runs bt-bench's own interpreter (read-only) with the sdist's folder bound
+    read-only and no network; ``pip wheel --no-deps --no-build-isolation --no-index`` writes into
+    its private ``/tmp`` (:func:`benchmark.sandbox.sdist.build_inside`). Only the report and the
+    wheel's bytes (one bounded ``uint8`` array) come back; check them with
+    :func:`benchmark.sandbox.sdist.check_wheel` before using them.
+
+    Args:
+        sdist: the ``.tar.gz``, in a folder the sandbox's unprivileged uid can read.
+        limits: the sandbox's limits (the wall time bounds the whole build).
+
+    Returns:
+        ``({"stage": "ok", "wheel": name, "size": n}, bytes)``; ``({"stage": "build", "error":
+        cleaned text}, None)`` when pip failed; ``({"stage": "timeout" | "crash", "error"},
+        None)`` when the sandbox ended otherwise.
+
+    Raises:
+        IsolationError: the sandbox could not start or did not come up as specified.
+    """
+    from benchmark.untrusted import clean_text
+
+    limits = limits or Limits()
+    deadline = time.monotonic() + limits.wall_seconds
+    plat = _platform()
+    sdist = Path(sdist).absolute()
+    name = f"the build of {sdist.name}"
+    with _signals_end_cleanly(), _Workspace(None, None, [], limits, None, [sdist.parent], plat,
+                                            name=name) as ws:
+        out = _outcome(ws, "build", False, deadline, {"sdist": str(sdist)})
+    tail = clean_text(out.output.decode("utf-8", "replace"), 4000, keep="tail")
+    r = out.smoke if isinstance(out.smoke, dict) else {}
+    wheel = out.arrays.get("wheel")
+    if out.done and r.get("stage") == "ok" and wheel is not None \
+            and isinstance(r.get("wheel"), str) and len(wheel) == r.get("size"):
+        return {"stage": "ok", "wheel": clean_text(r["wheel"], 300), "size": len(wheel)}, \
+            wheel.tobytes()
+    if out.done and r.get("stage") == "build":
+        return {"stage": "build", "error": clean_text(str(r.get("error", "")), 8000,
+                                                      keep="tail")}, None
+    if out.timed_out:
+        return {"stage": "timeout", "error": tail}, None
+    how = out.channel_error or out.stopped or out.refused_sandbox or \
+        f"the build ended without a wheel (exit {out.returncode})"
+    if out.refused_sandbox:
+        raise IsolationError(f"{name}: {out.refused_sandbox}")
+    return {"stage": "crash", "error": f"{how}\n{tail}"}, None
+
+
 def score_isolated(
     estimator_file: Path,
     views: Views,
@@ -158,8 +209,10 @@ def score_isolated(
     Returns:
         ``(scores, info)``: scores[seed] = ``{"rollout": (n,), "step": (n_steps,),
         "draws": {draw_id: (m,)}}`` float64 arrays (validated: shape, dtype, finite), and
-        ``info`` with the contract checks and protections the evaluator established itself and
-        the limits.
+        ``info`` with the contract checks and protections the evaluator established itself, the
+        limits and ``seconds``: the wall time (s) of the scoring sandbox (``score``: start to
+        last score, every view of every seed) and of the determinism re-run (``rerun``),
+        measured here (machine-dependent: never part of results).
 
     Raises:
         IsolationError / EstimatorContractError: the sandbox failed; nothing was scored.
@@ -172,12 +225,16 @@ def score_isolated(
         if meta is not None and meta.get("sha256") not in (None, ws.sha256):
             raise IsolationError(f"estimator {ws.name} changed while it was being evaluated; "
                                  "rerun when the file is stable.")
+        t0 = time.monotonic()
         main = _run(ws, "score", False, deadline)
+        t1 = time.monotonic()
         if meta is not None and any(main.meta[k] != meta[k] for k in main.meta):
             raise IsolationError(f"estimator {ws.name} declared other capabilities or config "
                                  "when scoring than when inspected; they must be constant.")
         again = _run(ws, "score", True, deadline)
+        t2 = time.monotonic()
         checks = _deterministic(ws.name, views, main, again)
     return assemble(views, main.arrays), {"contract_checks": checks,
                                            "protections": main.protections,
-                                           "limits": asdict(limits)}
+                                           "limits": asdict(limits),
+                                           "seconds": {"score": t1 - t0, "rerun": t2 - t1}}

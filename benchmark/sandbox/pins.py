@@ -25,7 +25,7 @@ from benchmark.errors import BenchmarkError
 #: never declare them, the core environment provides them
 CORE_PACKAGES = ("bt-bench", "torch", "transformers", "numpy", "datasets", "huggingface-hub",
                  "scikit-learn", "tabulate", "tqdm", "safetensors", "pyarrow", "pyyaml",
-                 "matplotlib", "scipy")
+                 "matplotlib", "scipy", "rank-bm25")
 #: bump when the layout of an environment changes (invalidates every cached one)
 ENV_FORMAT = 2
 #: the file written last into a finished environment (its presence marks it intact)
@@ -159,6 +159,33 @@ def _requires(dist: md.Distribution) -> list[str]:
     return out
 
 
+def parse_sdists(names: object, pins: Sequence[str], where: str = "submission.yaml") -> list[str]:
+    """``build_from_sdist``: canonical names, each the name of one of ``pins``.
+
+    Raises:
+        RequirementError: not a list of names, a name twice, or a name without an exact pin.
+    """
+    if names is None:
+        return []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise RequirementError(
+            f"{where}: build_from_sdist must be a list of package names whose exact pins are in "
+            f"requirements, e.g. build_from_sdist: [traker]; got {names!r}.")
+    pinned = {p.split("==", 1)[0]: p for p in pins}
+    out = []
+    for n in names:
+        c = canonical_name(n.strip())
+        if not _NAME_RE.fullmatch(n.strip()) or c not in pinned:
+            raise RequirementError(
+                f"{where}: build_from_sdist names {n!r}, which is not the name of a pin in "
+                f"requirements ({', '.join(pins) or 'none'}); add its exact pin name==version "
+                "there, or drop it from build_from_sdist.")
+        if c in out:
+            raise RequirementError(f"{where}: build_from_sdist names {n!r} twice; list it once.")
+        out.append(c)
+    return out
+
+
 def core_closure() -> dict[str, str]:
     """Every installed distribution the core needs: name -> the core package that pulls it in.
 
@@ -229,11 +256,17 @@ def package_source(pip_args: Sequence[str] = ()) -> dict:
             "config": config}
 
 
-def env_key(pins: Sequence[str], pip_args: Sequence[str] = ()) -> str:
-    """Cache key of an environment: sha256 of the pins, their source, the core and interpreter."""
+def env_key(pins: Sequence[str], pip_args: Sequence[str] = (),
+            sdists: Sequence[str] = ()) -> str:
+    """Cache key of an environment: sha256 of the pins, their source, the core and interpreter.
+
+    ``sdists``: the names of pins built from their sdist in the sandbox (``build_from_sdist``).
+    """
     payload = {
         "format": ENV_FORMAT, "pins": sorted(pins), "core": _core_versions(),
         "python": sys.version, "executable": os.path.realpath(sys.executable),
         "site": _core_site_dirs(), "source": package_source(pip_args),
     }
+    if sdists:  # absent otherwise: the keys of every environment without sdists stay as they were
+        payload["sdists"] = sorted(sdists)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmark.sandbox.limits import SMOKE_STEPS, Limits
@@ -73,6 +73,7 @@ from benchmark.sandbox.pins import (  # noqa: F401 - re-exported, public names i
     env_key,
     package_source,
     parse_requirements,
+    parse_sdists,
 )
 
 __all__ = [
@@ -118,6 +119,9 @@ class SubmissionEnv:
         core_site_dirs: site folders of bt-bench's interpreter the environment adds to its path
             (only when bt-bench runs in a virtual environment itself).
         wheels: ``(file name, sha256)`` of every wheel installed, as pip reported them.
+        build_seconds: wall time (s) the environment took to build on this machine (install,
+            checks and the sandboxed smoke test), as its marker recorded it; None when unknown
+            (an environment built before this was recorded).
     """
 
     prefix: Path
@@ -125,6 +129,7 @@ class SubmissionEnv:
     versions: tuple[tuple[str, str], ...]
     core_site_dirs: tuple[str, ...] = ()
     wheels: tuple[tuple[str, str], ...] = ()
+    build_seconds: float | None = None
 
     @property
     def python(self) -> Path:
@@ -277,6 +282,13 @@ def _seal_env(target: Path) -> None:
     atomic_write_text(target.with_name(target.name + ".seal"), tag(*_env_seal_parts(target)))
 
 
+def _seconds(value: object) -> float | None:
+    """A recorded duration: a finite non-negative number, else None (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < float("inf") else None
+
+
 def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
     """The cached environment at ``target`` when it is complete, matches ``pins`` and is sealed.
 
@@ -296,7 +308,8 @@ def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
         env = SubmissionEnv(target, tuple(marker["requirements"]),
                             tuple((str(n), str(v)) for n, v in marker["versions"]),
                             tuple(_core_site_dirs()),
-                            tuple((str(f), str(h)) for f, h in marker["wheels"]))
+                            tuple((str(f), str(h)) for f, h in marker["wheels"]),
+                            _seconds(marker.get("build_seconds")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if marker.get("format") != ENV_FORMAT or list(env.requirements) != pins \
@@ -310,7 +323,7 @@ def _load_intact(target: Path, pins: list[str]) -> SubmissionEnv | None:
 
 def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
                pip_args: Sequence[str] = (), where: str = "submission.yaml",
-               log=None) -> SubmissionEnv | None:
+               log=None, build_from_sdist: Sequence[str] = ()) -> SubmissionEnv | None:
     """Install ``requirements`` into their own cached environment (or reuse it) and return it.
 
     Args:
@@ -323,6 +336,10 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
             environment do the same for the CLI). Part of the cache key.
         where: how to name the requirements' source in error messages.
         log: called with one line of progress text (default: silent).
+        build_from_sdist: names of pins published as source only: each sdist is fetched
+            without running any of its code, its wheel built in the estimator sandbox and
+            checked (:mod:`benchmark.sandbox.sdist`), then installed like any wheel. Part of
+            the cache key.
 
     Returns:
         The environment, or None when there are no requirements (use bt-bench's interpreter).
@@ -340,6 +357,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
     pins = parse_requirements(list(requirements), where)
     if not pins:
         return None
+    sdists = parse_sdists(list(build_from_sdist) if build_from_sdist else None, pins, where)
     say = log or (lambda _msg: None)
     closure = core_closure()
     for p in pins:
@@ -355,7 +373,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
     envs = (Path(cache) if cache is not None else cache_root()).absolute() / "envs"
     envs.mkdir(parents=True, exist_ok=True)
     _remove_stale(envs)
-    key = env_key(pins, pip_args)
+    key = env_key(pins, pip_args, sdists)
     target = envs / key
     env = _load_intact(target, pins)
     if env is not None:
@@ -365,7 +383,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
     say(f"installing {', '.join(pins)} into {target}")
     build = Path(tempfile.mkdtemp(prefix=f".build-{os.getpid()}-", dir=envs))
     try:
-        env = _build(build / "env", pins, pip_args, where)
+        env = _build(build / "env", pins, pip_args, where, sdists)
         try:
             os.rename(env.prefix, target)
         except OSError:  # another process finished the same environment first
@@ -375,7 +393,7 @@ def ensure_env(requirements: Sequence[str], *, cache: str | Path | None = None,
             return env
         _seal_env(target)
         return SubmissionEnv(target, env.requirements, env.versions, env.core_site_dirs,
-                             env.wheels)
+                             env.wheels, env.build_seconds)
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
@@ -452,10 +470,53 @@ def _wheels(report: Path) -> list[tuple[str, str]]:
     return sorted(out)
 
 
-def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -> SubmissionEnv:
-    """Create the environment at ``prefix``, install the pins, smoke-test it, write the marker."""
+def _wheels_from_sdists(folder: Path, pins: list[str], sdists: list[str],
+                        pip_args: Sequence[str], where: str) -> tuple[dict[str, Path], list]:
+    """Fetch each sdist, build its wheel in the sandbox, check it: pin -> wheel file, records."""
+    from benchmark.sandbox.isolation import build_isolated
+    from benchmark.sandbox.limits import Limits
+    from benchmark.sandbox.sdist import BUILD_TIMEOUT, SdistError, check_wheel, fetch_sdist
+
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)  # the sandbox's unprivileged uid reads the sdist from here
+    out: dict[str, Path] = {}
+    records = []
+    for pin in [p for p in pins if p.split("==", 1)[0] in sdists]:
+        try:
+            sdist, digest, source = fetch_sdist(pin, folder, pip_args, where)
+            os.chmod(sdist, 0o644)
+            report, data = build_isolated(sdist, Limits(wall_seconds=BUILD_TIMEOUT + 60))
+            if data is None:
+                raise SdistError(
+                    f"{where}: building the wheel of {pin} from its sdist {sdist.name} in the "
+                    f"sandbox failed ({report['stage']}):\n{_tail(report.get('error', ''))}\n"
+                    "fix: pin a version whose sdist builds with setuptools and no network (a "
+                    "pure-Python package), or drop it.")
+            name = check_wheel(report["wheel"], data, pin)
+        except SdistError as exc:
+            raise RequirementError(str(exc)) from None
+        (folder / "wheels").mkdir(exist_ok=True, mode=0o755)
+        wheel = folder / "wheels" / name
+        wheel.write_bytes(data)
+        out[pin] = wheel
+        records.append({"pin": pin, "sdist": sdist.name, "sdist_sha256": digest,
+                        "source": source, "wheel": name,
+                        "wheel_sha256": hashlib.sha256(data).hexdigest()})
+    return out, records
+
+
+def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str,
+           sdists: list[str] = ()) -> SubmissionEnv:
+    """Create the environment at ``prefix``, install the pins, smoke-test it, write the marker.
+
+    ``sdists``: names of pins whose wheel is built from their sdist in the sandbox first.
+    """
+    import time
     import venv
 
+    t0 = time.monotonic()
+    built, sdist_records = _wheels_from_sdists(prefix.parent / "sdists", pins, list(sdists),
+                                               pip_args, where) if sdists else ({}, [])
     venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(prefix)
     site_dir = _site_packages(prefix)
     extra = _core_site_dirs()
@@ -471,7 +532,7 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
     cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
            "--only-binary=:all:", "--ignore-installed", "--no-input",
            "--disable-pip-version-check", "--no-warn-script-location", "--report", str(report),
-           *pip_args, *pins]
+           *pip_args, *[str(built[p]) if p in built else p for p in pins]]
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=PIP_TIMEOUT)
@@ -514,7 +575,10 @@ def _build(prefix: Path, pins: list[str], pip_args: Sequence[str], where: str) -
     env = SubmissionEnv(prefix, tuple(pins), tuple(versions), tuple(extra),
                         tuple(_wheels(report)))
     _smoke_test(env, modules, site_dir, where)
-    marker = {"requirements": list(env.requirements), "versions": [list(v) for v in versions],
+    env = replace(env, build_seconds=round(time.monotonic() - t0, 1))
+    marker = {"build_seconds": env.build_seconds, "sdists": sdist_records,
+              "requirements": list(env.requirements),
+              "versions": [list(v) for v in versions],
               "wheels": [list(w) for w in env.wheels], "core_site_dirs": list(extra),
               "core": _core_versions(), "source": package_source(pip_args),
               "python": sys.version, "format": ENV_FORMAT}

@@ -158,7 +158,8 @@ class _Run:
         sel = selectors.DefaultSelector()
         sel.register(chan_r, selectors.EVENT_READ, "chan")
         sel.register(out_r, selectors.EVENT_READ, "out")
-        reader = channel.Reader()
+        # a build's report announces the size of the wheel that follows it
+        reader = channel.Reader(one_json_at_a_time=self.mode == "build")
         self.state, self.go_w, self.reader = "ready", go_w, reader
         output = bytearray()
         exited_at = None
@@ -204,19 +205,22 @@ class _Run:
 
     def _frames(self, data: bytes) -> bool:
         """Feed the result channel; handle the frames it completes; True when it is over."""
-        try:
-            frames = self.reader.feed(data)
-        except channel.ChannelError as exc:
-            self.out.channel_error = str(exc)
-            return True
-        try:
-            for kind, payload in frames:
-                if self._frame(kind, payload):
-                    return True
-        except BenchmarkError as exc:
-            self.out.exception = exc
-            return True
-        return False
+        while True:
+            try:
+                frames = self.reader.feed(data)
+            except channel.ChannelError as exc:
+                self.out.channel_error = str(exc)
+                return True
+            try:
+                for kind, payload in frames:
+                    if self._frame(kind, payload):
+                        return True
+            except BenchmarkError as exc:
+                self.out.exception = exc
+                return True
+            if not frames or not self.reader.one_json_at_a_time:
+                return False
+            data = b""
 
     def _over_limits(self, proc: subprocess.Popen) -> bool:
         """True when the tree passed a limit: a kill by the cgroup, or the monitor's count."""
@@ -235,6 +239,13 @@ class _Run:
 
     def _frame(self, kind: str, payload: object) -> bool:
         """Handle one frame; True when the exchange is over."""
+        if kind == "array" and self.mode == "build":
+            key, arr = payload  # the wheel's bytes: bounded by the size the report announced
+            if arr.dtype.kind != "u" or arr.dtype.itemsize != 1:
+                self.out.channel_error = f"the built wheel came as {arr.dtype}, not bytes"
+                return True
+            self.out.arrays[key] = arr
+            return False
         if kind == "array":
             from benchmark.contract import validate_scores
 
@@ -249,6 +260,8 @@ class _Run:
             self.out.error = msg
             return True
         if self.state == "meta":
+            if self.mode == "build":
+                return self._build(msg)
             return self._smoke(msg) if self.mode == "smoke" else self._meta(msg)
         if msg["type"] == "done":
             missing = [k for k in self.reader.expected if k not in self.out.arrays]
@@ -283,6 +296,21 @@ class _Run:
             self.out.channel_error = "a message came before the smoke test's report"
             return True
         self.out.smoke = msg.get("result")
+        self.state = "scores"
+        return False
+
+    def _build(self, msg: dict) -> bool:
+        """The sdist build's report; when it announces a wheel, the one array to expect."""
+        from benchmark.sandbox.sdist import MAX_WHEEL
+
+        if msg["type"] != "build":
+            self.out.channel_error = "a message came before the build's report"
+            return True
+        report = msg.get("result")
+        self.out.smoke = report
+        size = report.get("size") if isinstance(report, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= MAX_WHEEL:
+            self.reader.expected = {"wheel": size}
         self.state = "scores"
         return False
 

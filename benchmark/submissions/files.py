@@ -31,9 +31,18 @@ RESULTS_FILE = "results.json"
 #: submission.yaml keys that must be present
 REQUIRED_KEYS = ("name", "authors", "track")
 #: every key submission.yaml may hold, in the order ``submit`` writes them
-ALLOWED_KEYS = ("name", "authors", "track", "kind", "link", "description", "requirements",
-                "frozen")
+ALLOWED_KEYS = ("name", "authors", "track", "kind", "link", "description", "status", "reason",
+                "requirements", "build_from_sdist", "cost", "frozen")
 KINDS = ("estimator", "control")
+#: ``status``: an entry runs (the default, omitted) or does not run on bt-bench's machines
+RUNS, DOES_NOT_RUN = "runs", "does-not-run-here"
+STATUSES = (RUNS, DOES_NOT_RUN)
+#: the longest ``reason`` (one line: the exact error and the version tried)
+MAX_REASON = 2000
+#: ``cost`` keys (written by ``submit``): what the entry took on the machine it was submitted on
+COST_KEYS = ("release", "score_rollouts_s", "env_build_s", "machine")
+#: a duration in ``cost`` above this is not a measurement of one evaluation (a week, in s)
+MAX_SECONDS = 7 * 86400
 TRACKS = ("gradient", "open")
 #: a submission name (matched in full: ``$`` would accept a final newline)
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -128,6 +137,28 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
             )
         _plain_text(desc.strip(), f"{where}: description", "one line of plain text")
         out["description"] = desc.strip()
+    status = meta.get("status", RUNS)
+    if status not in STATUSES:
+        raise SubmissionError(
+            f"{where}: status {status!r} is not one of {', '.join(STATUSES)}; omit it for an "
+            f"entry that runs, or set status: {DOES_NOT_RUN} with a reason."
+        )
+    reason = meta.get("reason")
+    if status == DOES_NOT_RUN:
+        if not isinstance(reason, str) or not reason.strip() or "\n" in reason.strip() \
+                or len(reason.strip()) > MAX_REASON:
+            raise SubmissionError(
+                f"{where}: status {DOES_NOT_RUN} needs reason: one line of at most {MAX_REASON} "
+                f"characters with the exact error and the version tried, got {reason!r}."
+            )
+        _plain_text(reason.strip(), f"{where}: reason", "one line of plain text")
+        out["status"] = status
+        out["reason"] = reason.strip()
+    elif reason is not None:
+        raise SubmissionError(
+            f"{where}: reason is only for status: {DOES_NOT_RUN} (an entry that cannot run "
+            "here); remove it, or set that status."
+        )
     if meta.get("requirements") is not None:
         try:
             pins = parse_requirements(meta["requirements"], where)
@@ -135,9 +166,55 @@ def validate_metadata(meta: object, where: str = METADATA_FILE) -> dict[str, Any
             raise SubmissionError(str(exc)) from None
         if pins:
             out["requirements"] = pins
+    if meta.get("build_from_sdist") is not None:
+        from benchmark.sandbox.requirements import parse_sdists
+
+        try:
+            sdists = parse_sdists(meta["build_from_sdist"], out.get("requirements", []), where)
+        except RequirementError as exc:
+            raise SubmissionError(str(exc)) from None
+        if sdists:
+            out["build_from_sdist"] = sdists
+    if meta.get("cost") is not None:
+        out["cost"] = _cost(meta["cost"], where)
     if meta.get("frozen") is not None:
         out["frozen"] = _frozen(meta["frozen"], where)
     return out
+
+
+def _cost(value: object, where: str) -> dict[str, Any]:
+    """``cost`` (written by ``submit``): what one evaluation of the entry took, and where.
+
+    ``{release: <id>, score_rollouts_s: <s>, env_build_s: <s or null>, machine: <text>}``:
+    ``score_rollouts_s`` is the wall time of the scoring sandbox over every seed, task and view of
+    the release (its determinism re-run not included), ``env_build_s`` the time its environment
+    took to build (install, checks, smoke test; null without requirements or when unknown).
+    """
+    form = ("cost must be {release: <release id>, score_rollouts_s: <seconds>, env_build_s: "
+            "<seconds or null>, machine: <one line>} as bt-bench submit writes it")
+    if not isinstance(value, dict) or set(value) != set(COST_KEYS):
+        got = sorted(map(str, value)) if isinstance(value, dict) else type(value).__name__
+        raise SubmissionError(f"{where}: {form}; got {got} (re-submit with bt-bench submit "
+                              "--force, or remove the key).")
+    out: dict[str, Any] = {}
+    for key in ("release", "machine"):
+        text = value[key]
+        if not isinstance(text, str) or not text.strip() or len(text) > 200:
+            raise SubmissionError(f"{where}: cost.{key} {text!r} must be one line of at most "
+                                  f"200 characters; {form}.")
+        _plain_text(text.strip(), f"{where}: cost.{key}", "one line of plain text")
+        out[key] = text.strip()
+    for key in ("score_rollouts_s", "env_build_s"):
+        sec = value[key]
+        if sec is None and key == "env_build_s":
+            out[key] = None
+            continue
+        if isinstance(sec, bool) or not isinstance(sec, int | float) \
+                or not 0 <= sec <= MAX_SECONDS:
+            raise SubmissionError(f"{where}: cost.{key} {sec!r} is not a duration; expected "
+                                  f"seconds from 0 to {MAX_SECONDS}; {form}.")
+        out[key] = float(sec)
+    return {k: out[k] for k in COST_KEYS}
 
 
 def _frozen(value: object, where: str) -> dict[str, str]:
@@ -187,7 +264,7 @@ def submission_env(sub: Submission, envs: dict):
     """The installed environment of ``sub``'s requirements.
 
     None without requirements, else the environment, or the :class:`RequirementError` its
-    installation raised (cached in ``envs``, ``tuple(pins) -> environment or error``, so each
+    installation raised (cached in ``envs``, ``(pins, sdists) -> environment or error``, so each
     distinct set is installed once).
     """
     from benchmark.sandbox.requirements import ensure_env
@@ -195,12 +272,14 @@ def submission_env(sub: Submission, envs: dict):
     pins = tuple(sub.meta.get("requirements", ()))
     if not pins:
         return None
-    if pins not in envs:
+    sdists = tuple(sub.meta.get("build_from_sdist", ()))
+    if (pins, sdists) not in envs:
         try:
-            envs[pins] = ensure_env(pins, where=str(sub.path / METADATA_FILE))
+            envs[(pins, sdists)] = ensure_env(pins, where=str(sub.path / METADATA_FILE),
+                                              build_from_sdist=sdists)
         except RequirementError as exc:
-            envs[pins] = exc
-    return envs[pins]
+            envs[(pins, sdists)] = exc
+    return envs[(pins, sdists)]
 
 
 def _plain_text(text: str, what: str, expected: str,
@@ -335,6 +414,12 @@ def load_submission(path: str | Path) -> Submission:
             f"{ESTIMATOR_FILE}, {METADATA_FILE} and {RESULTS_FILE} (create it with bt-bench "
             "submit)."
         )
+    if declares_not_running(p):
+        raise SubmissionError(
+            f"{p}: declares status {DOES_NOT_RUN}: it has no results to load (the leaderboard "
+            "lists it with its reason, verify checks its folder); to score it, remove status and "
+            "reason and submit it with bt-bench submit."
+        )
     missing = [f for f in (ESTIMATOR_FILE, METADATA_FILE, RESULTS_FILE) if not (p / f).is_file()]
     if missing:
         raise SubmissionError(
@@ -365,8 +450,7 @@ def load_submission(path: str | Path) -> Submission:
     return Submission(p, meta, results)
 
 
-def find_submissions(submissions_dir: str | Path) -> list[Path]:
-    """Submission folders under ``submissions_dir``, sorted by name (``_*`` folders skipped)."""
+def _folders(submissions_dir: str | Path) -> list[Path]:
     root = Path(submissions_dir)
     if not root.is_dir():
         raise SubmissionError(
@@ -375,6 +459,65 @@ def find_submissions(submissions_dir: str | Path) -> list[Path]:
         )
     return sorted((d for d in root.iterdir()
                    if d.is_dir() and not d.name.startswith(("_", "."))), key=lambda d: d.name)
+
+
+def declares_not_running(folder: str | Path) -> bool:
+    """Whether ``folder/submission.yaml`` is valid and says ``status: does-not-run-here``.
+
+    An unreadable or invalid file answers False, so :func:`load_submission` reports its error.
+    """
+    path = Path(folder) / METADATA_FILE
+    try:
+        meta = validate_metadata(read_metadata(path), str(path))
+    except (BenchmarkError, OSError):
+        return False
+    return meta.get("status") == DOES_NOT_RUN
+
+
+def find_submissions(submissions_dir: str | Path) -> list[Path]:
+    """Submission folders under ``submissions_dir`` that run, sorted by name.
+
+    ``_*`` and ``.*`` folders are skipped, and so are entries that declare ``status:
+    does-not-run-here`` (:func:`find_not_running`): they have no results to score or rank.
+    """
+    return [d for d in _folders(submissions_dir) if not declares_not_running(d)]
+
+
+def find_not_running(submissions_dir: str | Path) -> list[dict[str, Any]]:
+    """The validated ``submission.yaml`` of every entry that declares it does not run here.
+
+    Such a folder holds ``estimator.py`` (the glue that was tried) and ``submission.yaml`` with
+    ``status: does-not-run-here``, the ``reason`` (the exact error) and the ``requirements``
+    tried; it has no ``results.json`` (a folder that has one is refused: results of an entry
+    that does not run cannot be trusted to mean anything).
+
+    Raises:
+        SubmissionError: the folder's name differs from its ``name``, or it holds results.
+    """
+    return [check_not_running(d) for d in _folders(submissions_dir) if declares_not_running(d)]
+
+
+def check_not_running(folder: str | Path) -> dict[str, Any]:
+    """The validated ``submission.yaml`` of a folder that declares it does not run here.
+
+    Raises:
+        SubmissionError: it does not declare that status, its name differs from the folder's,
+            it lacks ``estimator.py`` or it holds ``results.json``.
+    """
+    d = Path(folder)
+    meta = validate_metadata(read_metadata(d / METADATA_FILE), str(d / METADATA_FILE))
+    if meta.get("status") != DOES_NOT_RUN:
+        raise SubmissionError(f"{d / METADATA_FILE}: status is not {DOES_NOT_RUN}.")
+    if meta["name"] != d.name:
+        raise SubmissionError(
+            f"{d / METADATA_FILE}: name {meta['name']!r} differs from the folder name "
+            f"{d.name!r}; they must be equal (rename the folder or fix the name).")
+    if (d / RESULTS_FILE).exists() or not (d / ESTIMATOR_FILE).is_file():
+        raise SubmissionError(
+            f"{d}: status {DOES_NOT_RUN} means {ESTIMATOR_FILE} (the glue that was tried) and "
+            f"no {RESULTS_FILE}; remove {RESULTS_FILE}, or remove status and reason and submit "
+            "the entry.")
+    return meta
 
 
 

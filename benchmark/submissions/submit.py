@@ -44,6 +44,7 @@ def submit(
     requirements: Iterable[str] | None = None,
     time_limit: float | None = None,
     panel: bool = True,
+    build_from_sdist: Iterable[str] | None = None,
 ) -> Path:
     """Evaluate an estimator file and write ``<submissions_dir>/<name>/``.
 
@@ -65,6 +66,9 @@ def submit(
             environment, :mod:`benchmark.sandbox.requirements`); None reads them from an existing
             ``<submissions_dir>/<name>/submission.yaml`` (none when there is no such file).
         time_limit: wall-time limit of the estimator's sandbox in seconds (default 600).
+        build_from_sdist: names of ``requirements`` pins published as source only (their
+            wheel is built in the sandbox); None reads them from an existing
+            ``submission.yaml``.
         panel: where ``<submissions_dir>/_panel/panel.json`` exists, also score the entry on
             the season panel's draws and write its ``panel.json`` (provisional: frozen after the
             panel); False only in tests. The submitter chooses no draw.
@@ -87,7 +91,8 @@ def submit(
     src = Path(estimator_file)
     require_sandbox("bt-bench submit")
     pins = _declared_requirements(Path(submissions_dir) / name, requirements)
-    env = ensure_env(pins, where=f"submission {name!r} requirements")
+    sdists = _declared_sdists(Path(submissions_dir) / name, build_from_sdist, pins)
+    env = ensure_env(pins, where=f"submission {name!r} requirements", build_from_sdist=sdists)
     limits = Limits(wall_seconds=time_limit) if time_limit else Limits()
     kw = env.sandbox_kwargs() if env is not None else {}
     declared = inspect_isolated(src, limits, **kw)  # sandboxed; contract errors before any work
@@ -104,6 +109,8 @@ def submit(
         )
     if pins:
         meta["requirements"] = pins
+    if sdists:
+        meta["build_from_sdist"] = sdists
     meta = validate_metadata(meta, f"submission {name!r}")
     meta["kind"] = _control_kind(src, declared["name"])
     root = Path(submissions_dir)
@@ -117,9 +124,11 @@ def submit(
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
     try:
         shutil.copyfile(src, tmp / ESTIMATOR_FILE)
+        timings: dict = {}
         results = evaluate(tmp / ESTIMATOR_FILE, release, progress=progress, isolation=limits,
-                           env=env)
+                           env=env, timings=timings)
         write_results(results, tmp / RESULTS_FILE)
+        meta["cost"] = _cost(results, timings, env)
         meta["frozen"] = {"sha256": file_sha256(tmp / ESTIMATOR_FILE), "utc": _now_utc()}
         season = load_panel(root) if panel else None
         if season is not None:
@@ -140,6 +149,34 @@ def submit(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _cost(results: dict, timings: dict, env) -> dict[str, Any]:
+    """``submission.yaml``'s ``cost``: this evaluation's scoring time and the env's build time."""
+    from benchmark.machine import fingerprint
+
+    fp = fingerprint()
+    score = timings.get("score estimator: score (sandbox)")
+    if score is None:  # in process: the whole scoring phase
+        score = timings.get("score estimator (sandbox, determinism re-run)", 0.0)
+    build = env.build_seconds if env is not None else None
+    return {"release": str(results["release"]["id"]), "score_rollouts_s": round(score, 1),
+            "env_build_s": None if build is None else round(build, 1),
+            "machine": f"{fp['cpu']}, {fp['cpu_count']} cores ({fp['torch_cpu_capability']})"}
+
+
+def _declared_sdists(folder: Path, given: Iterable[str] | None, pins: list[str]) -> list[str]:
+    """``given`` names, else ``folder/submission.yaml``'s ``build_from_sdist``; validated."""
+    from benchmark.sandbox.requirements import parse_sdists
+
+    if given is not None:
+        return parse_sdists(list(given), pins, "--build-from-sdist")
+    meta_path = folder / METADATA_FILE
+    if not meta_path.is_file():
+        return []
+    raw = read_metadata(meta_path)
+    value = raw.get("build_from_sdist") if isinstance(raw, dict) else None
+    return parse_sdists(value, pins, str(meta_path))
 
 
 def _declared_requirements(folder: Path, given: Iterable[str] | None) -> list[str]:
@@ -164,6 +201,7 @@ def submit_command(args: Any) -> int:
         release=args.release, submissions_dir=args.submissions_dir, force=args.force,
         progress=not args.no_progress, requirements=args.requirements,
         time_limit=args.time_limit, panel=not args.no_panel,
+        build_from_sdist=getattr(args, "build_from_sdist", None),
     )
     results = read_json(target / RESULTS_FILE)
     print(format_summary(results))

@@ -36,6 +36,8 @@ from benchmark.submissions.files import (
     RESULTS_FILE,
     Submission,
     SubmissionError,
+    check_not_running,
+    declares_not_running,
     find_submissions,
     load_submission,
     submission_env,
@@ -384,6 +386,13 @@ def verify(paths: Iterable[str | Path] | None = None, submissions_dir: str | Pat
 
     require_sandbox("bt-bench verify")  # before a draw is built
     folders = [Path(p) for p in paths] if paths else find_submissions(submissions_dir)
+    for f in [f for f in folders if declares_not_running(f)]:
+        meta = check_not_running(f)
+        print(f"{f}: does not run here ({meta['reason']}); listed on the board, not scored",
+              flush=True)
+        folders.remove(f)
+    if paths and not folders:
+        return []
     if not folders:
         raise SubmissionError(
             f"{submissions_dir}: no submissions found; create one with bt-bench submit FILE "
