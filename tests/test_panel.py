@@ -227,6 +227,42 @@ def test_new_panel_records_the_season_and_scores_every_entry(season):
                 s["causal_score"]["hi"] - s["causal_score"]["lo"] - 1e-12
 
 
+def test_a_resumed_panel_keeps_only_draws_scored_for_its_seed_and_trajectory(season, tmp_path):
+    """``panel new --season-seed`` resumes (or extends) a season: an entry's draw records written
+    for this season seed, from the frozen estimator, on one of the panel's draws (id and
+    trajectory hash) are kept, and scoring with them gives the same summary as verify derives;
+    another seed's file, a record whose trajectory hash differs, an edited estimator or an
+    unreadable file are scored again."""
+    from benchmark.submissions.compare import compare_results
+    from benchmark.submissions.files import load_submission
+    from benchmark.submissions.seasons import recorded_draws
+    from benchmark.submissions.verify import _as_committed
+
+    root, panel = season
+    sub = load_submission(root / "gas")
+    doc = json.loads((root / "gas" / "panel.json").read_text())
+    kept = recorded_draws(sub, panel, SEED)
+    assert sorted(kept) == sorted(panel.draw_ids)
+    assert [kept[d] for d in panel.draw_ids] == doc["draws"]
+    again = P.score_entry(sub.estimator_file, sub.results, panel, progress=False, recorded=kept)
+    assert again["draws"] == doc["draws"]  # nothing scored: every draw was kept
+    assert compare_results({"summary": doc["summary"]},
+                           _as_committed({"summary": again["summary"]})) == []
+    assert recorded_draws(sub, panel, "abcdef" + SEED[6:]) == {}  # another season's seed
+    copy = tmp_path / "gas"
+    shutil.copytree(root / "gas", copy)
+    bad = json.loads(json.dumps(doc))
+    bad["draws"][1]["trajectory_sha256"] = "0" * 64
+    (copy / "panel.json").write_text(json.dumps(bad))
+    assert sorted(recorded_draws(load_submission(copy), panel, SEED)) == sorted(
+        panel.draw_ids[:1] + panel.draw_ids[2:])
+    (copy / "panel.json").write_text("{not json")
+    assert recorded_draws(load_submission(copy), panel, SEED) == {}
+    (copy / "panel.json").write_text(json.dumps(doc))
+    (copy / "estimator.py").write_text((copy / "estimator.py").read_text() + "\n# edited\n")
+    assert recorded_draws(load_submission(copy), panel, SEED) == {}
+
+
 def _sha256(p: Path) -> str:
     import hashlib
 

@@ -50,7 +50,8 @@ def _season(submissions_dir: Path, pairs: list[tuple[dict, dict]], board) -> dic
     for meta, res in pairs:
         name = meta["name"]
         entries[name] = {"track": meta["track"], "kind": meta.get("kind", "estimator"),
-                         "estimator_sha256": str(res["estimator"].get("sha256"))}
+                         "estimator_sha256": str(res["estimator"].get("sha256")),
+                         "cost": meta.get("cost")}
         f = submissions_dir / name / PANEL_FILE
         if f.is_file():
             docs[name] = read_json(f)

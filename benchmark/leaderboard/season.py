@@ -205,8 +205,10 @@ def _counts_cell(items: dict) -> str:
 
 
 def _time_cell(cost: dict | None) -> str:
-    s = (cost or {}).get("score_seconds")
-    return "-" if s is None else f"{float(s):.0f} s"
+    """The entry's ``score_rollouts`` seconds on ``tiny``, as the public time column writes it."""
+    from benchmark.leaderboard.columns import time_cell
+
+    return time_cell(cost).text
 
 
 def season_table(season: dict, table: dict) -> tuple[list[str], list[list[str]]]:
@@ -215,7 +217,7 @@ def season_table(season: dict, table: dict) -> tuple[list[str], list[list[str]]]
     headers = (["rank", "submission", "kind", "status", "panel score [95% CI]", "family [95%]"]
                + [f"draw {i}" for i in ids]
                + ["public (dev)", "dev rank", "panel checks (pass/sig. fail/measurable)",
-                  "item 11", "panel verdict", "time"])
+                  "item 11", "panel verdict", "time (s, tiny)"])
     rows = []
     for r in table["rows"]:
         rank = r.get("rank")

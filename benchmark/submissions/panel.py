@@ -606,15 +606,19 @@ def score_draw(estimator_file: str | Path, panel: Panel, draw_id: int, progress:
 
 
 def score_entry(estimator_file: str | Path, public: dict, panel: Panel, progress: bool = True,
-                isolation=None, env=None) -> dict:
+                isolation=None, env=None, recorded: dict[int, dict] | None = None) -> dict:
     """Score one estimator on every panel draw: the content of its ``panel.json``.
 
     ``public`` is its public results (item 11 compares with them). ``isolation``/``env`` as in
-    :func:`benchmark.evaluate.evaluate`.
+    :func:`benchmark.evaluate.evaluate`. ``recorded``: draw id -> a record of this estimator on
+    that draw already made by the maintainers' own run (``panel new`` resuming,
+    :func:`benchmark.submissions.seasons.recorded_draws`); those draws are not scored again.
     """
     from benchmark.contract import file_sha256
 
-    draws = [score_draw(estimator_file, panel, d, progress, isolation, env)
+    recorded = recorded or {}
+    draws = [recorded[d] if d in recorded else
+             score_draw(estimator_file, panel, d, progress, isolation, env)
              for d in panel.draw_ids]
     return {"schema_version": PANEL_SCHEMA, "season": panel.season,
             "estimator_sha256": file_sha256(estimator_file), "draws": draws,

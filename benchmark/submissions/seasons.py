@@ -46,8 +46,8 @@ from benchmark.submissions.panel import (
     write_entry,
 )
 
-__all__ = ["bind_entries", "entry_power", "new_panel", "panel_command", "rescreen",
-           "score_entries"]
+__all__ = ["bind_entries", "entry_power", "new_panel", "panel_command", "recorded_draws",
+           "rescreen", "score_entries"]
 
 #: the paired difference whose power a panel states (issue 39): the best-known method and random
 POWER_PAIR = ("tracincp", "random")
@@ -107,7 +107,8 @@ def new_panel(submissions_dir: str | Path = "submissions", min_cells: int = MIN_
     Every submission must be frozen (``submission.yaml``'s ``frozen``, written by ``submit``)
     with the sha256 of its current ``estimator.py``; the panel lists them all as ranked. Then a
     season seed is drawn with ``secrets`` (``season_seed`` resumes an interrupted run: the same
-    seed gives the same candidates, found in the cache), candidates are built and screened in
+    seed gives the same candidates, found in the cache, and an entry's draws already scored by an
+    earlier run are kept, :func:`recorded_draws`), candidates are built and screened in
     the seed's sequence (:func:`benchmark.submissions.screen.candidate_ids`) until the accepted
     draws hold ``min_cells`` measurable cells (and at least :data:`MIN_DRAWS` draws), every
     entry is scored on them, each entry's ``panel.json`` is written and bound by sha256, and the
@@ -208,13 +209,17 @@ def new_panel(submissions_dir: str | Path = "submissions", min_cells: int = MIN_
     envs: dict = {}
     docs, times = {}, {}
     for sub in subs:
-        print(f"season {season}: scoring {sub.name} on {len(draws)} draws", flush=True)
         t1 = time.perf_counter()
-        env = submission_env(sub, envs)
+        kept = recorded_draws(sub, panel, season_seed)
+        todo = [d for d in panel.draw_ids if d not in kept]
+        print(f"season {season}: scoring {sub.name} on {len(todo)} draws"
+              + (f" ({len(kept)} kept from an earlier run of this season)" if kept else ""),
+              flush=True)
+        env = submission_env(sub, envs) if todo else None
         if isinstance(env, BenchmarkError):
             raise PanelError(f"{sub.path}: requirements could not be installed: {env}")
         docs[sub.name] = score_entry(sub.estimator_file, sub.results, panel, progress,
-                                     isolation=limits, env=env)
+                                     isolation=limits, env=env, recorded=kept)
         write_entry(sub.path, docs[sub.name])
         times[sub.name] = round(time.perf_counter() - t1, 1)
     bindings = {sub.name: binding_of(sub.path) for sub in subs}
@@ -235,6 +240,39 @@ def new_panel(submissions_dir: str | Path = "submissions", min_cells: int = MIN_
     os.replace(staging, target.parent / PINS_DIR)
     atomic_write_text(target, dumps_json(panel.to_dict() | {"timings": timings}))
     return Panel(**{**panel.__dict__, "pins": None})
+
+
+def recorded_draws(sub, panel: Panel, season_seed: str) -> dict[int, dict]:
+    """Draw records of ``sub`` left by an earlier ``panel new`` of this season: draw id -> record.
+
+    A six-draw season takes longer than one sitting on a 2-core machine, and a season may first
+    be put in force on a prefix of its accepted draws (``--min-cells``) and extended later with
+    the same seed. The entry's ``panel.json`` is read if it was written for the same season
+    seed (the season id's suffix: the id's date is the day a run starts), from the frozen
+    ``estimator.py`` (sha256); each of its draw records is kept when its draw id and trajectory
+    hash are one of this panel's draws and it holds a results object. Such a record is what
+    scoring again would give: the draws are float64 builds, the entry runs as frozen, and the
+    record was written by the maintainers' own run (an entry cannot write its folder). The
+    summary is always derived anew. Anything else (another season, an edited estimator, an
+    unreadable file, another trajectory) is scored again.
+    """
+    from benchmark.contract import file_sha256
+
+    try:
+        doc = json.loads((sub.path / PANEL_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or not str(doc.get("season", "")).endswith(
+            "-" + season_seed[:6]) or doc.get("estimator_sha256") != file_sha256(
+            sub.estimator_file) or not isinstance(doc.get("draws"), list):
+        return {}
+    hashes = {int(d["draw_id"]): d["trajectory_sha256"] for d in panel.draws}
+    kept = {}
+    for r in doc["draws"]:
+        if isinstance(r, dict) and isinstance(r.get("results"), dict) and \
+                hashes.get(r.get("draw_id")) == r.get("trajectory_sha256"):
+            kept[int(r["draw_id"])] = r
+    return kept
 
 
 def _schema(path: Path) -> int | None:
