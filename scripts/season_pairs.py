@@ -13,7 +13,6 @@ against its text controls, the libraries and the metagradient against TracInCP a
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 METHODS = ("tracincp", "c1-dot", "gas", "trak")
@@ -33,8 +32,10 @@ DEFAULT_PAIRS = (
 
 
 def _doc(subs: Path, name: str) -> dict | None:
+    from benchmark.io import read_json
+
     f = subs / name / "panel.json"
-    return json.loads(f.read_text()) if f.is_file() else None
+    return read_json(f) if f.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from benchmark import checklist as C
+from benchmark import panel_rule as R
 
 
 def test_beats_rule():
@@ -331,7 +332,7 @@ def test_results_counts_sum_items_over_tasks_and_say_it_in_words():
 def test_panel_rule_by_hand():
     """Pass: a strict majority passes and nothing fails significantly; fail: a strict majority
     fails; everything else (ties, mixed evidence, nothing measurable) is inconclusive."""
-    rule = C.panel_rule
+    rule = R.panel_rule
     assert rule(7, 2, 0, 12) == "pass"          # 7 of 12 > half, no significant failure
     assert rule(6, 0, 0, 12) == "inconclusive"  # exactly half is not a majority
     assert rule(7, 1, 1, 12) == "inconclusive"  # a majority, but one significant failure
@@ -340,9 +341,9 @@ def test_panel_rule_by_hand():
     assert rule(5, 7, 3, 12) == "fail"
     assert rule(3, 3, 0, 6) == "inconclusive"
     assert rule(0, 0, 0, 0) == "inconclusive"
-    assert C.panel_verdict({"1": {"verdict": "pass"}, "10": {"verdict": "pass"}}, "pass") == "pass"
-    assert C.panel_verdict({"1": {"verdict": "pass"}}, "inconclusive") == "inconclusive"
-    assert C.panel_verdict({"1": {"verdict": "fail"}}, "pass") == "fail"
+    assert R.panel_verdict({"1": {"verdict": "pass"}, "10": {"verdict": "pass"}}, "pass") == "pass"
+    assert R.panel_verdict({"1": {"verdict": "pass"}}, "inconclusive") == "inconclusive"
+    assert R.panel_verdict({"1": {"verdict": "fail"}}, "pass") == "fail"
 
 
 def _place(verdict, **numbers):
@@ -350,7 +351,7 @@ def _place(verdict, **numbers):
 
 
 def test_significant_fail_reads_the_deciding_interval_of_each_item():
-    sig = C.significant_fail
+    sig = R.significant_fail
     iv = lambda lo, hi, v="fail": {"point": (lo + hi) / 2, "lo": lo, "hi": hi, "verdict": v}  # noqa: E731
     # item 1: a failed comparison with norm-only below 0 / merely not above it
     assert sig(1, _place("fail", **{"norm-only": iv(-0.3, -0.1)}))
@@ -395,7 +396,7 @@ def test_panel_items_count_measurable_places_over_draws():
                                                   "comparisons": {"a": iv}}},
               "3": {"verdict": "fail", "numbers": {"counted": False}}})
     d2 = res({"1": {"verdict": "pass", "numbers": {}}, "2": {"verdict": "inconclusive"}})
-    items = C.panel_items([(11, d1), (12, d2)])
+    items = R.panel_items([(11, d1), (12, d2)])
     assert set(items) == {"1", "2", "3", "4", "10"}
     ten = items["10"]
     assert (ten["pass"], ten["fail"], ten["significant_fail"], ten["inconclusive"],

@@ -201,9 +201,8 @@ def test_a_cached_environment_is_reused_without_pip(ok_env, wheels, monkeypatch)
     assert again == env
 
 
-def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
-    env = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
-    (env.prefix / R.MARKER).unlink()  # e.g. an install that was interrupted before the end
+def _count_subprocesses(monkeypatch) -> list:
+    """Record the argv of every ``subprocess.run`` the requirements module makes (still run)."""
     calls = []
     real = R.subprocess.run
 
@@ -212,6 +211,13 @@ def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(R.subprocess, "run", counting)
+    return calls
+
+
+def test_a_damaged_environment_is_rebuilt(tmp_path, wheels, monkeypatch):
+    env = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
+    (env.prefix / R.MARKER).unlink()  # e.g. an install that was interrupted before the end
+    calls = _count_subprocesses(monkeypatch)
     again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
     assert any("pip" in c for c in calls)
     assert (again.prefix / R.MARKER).is_file() and _leftovers(tmp_path) == [again.prefix.name]
@@ -228,14 +234,7 @@ def test_an_environment_edited_in_place_or_sealed_elsewhere_is_rebuilt(tmp_path,
     assert (tmp_path / "envs" / f"{env.prefix.name}.seal").is_file()
     mod = next(env.prefix.rglob("btb_fixture_ok/__init__.py"))
     mod.write_text(mod.read_text().replace("42", "43"))
-    calls = []
-    real = R.subprocess.run
-
-    def counting(*a, **k):
-        calls.append(a[0])
-        return real(*a, **k)
-
-    monkeypatch.setattr(R.subprocess, "run", counting)
+    calls = _count_subprocesses(monkeypatch)
     again = ensure_env(["btb-fixture-ok==1.0"], cache=tmp_path, pip_args=offline(wheels))
     assert any("pip" in c for c in calls)
     assert "42" in next(again.prefix.rglob("btb_fixture_ok/__init__.py")).read_text()

@@ -9,7 +9,7 @@ Beside it stands the **family interval**, which also resamples the draws (how fa
 ordering is expected to carry to other runs of the screened family); it does not rank. The
 public ``tiny`` score stands beside them as the development score, with the rank it would have
 there. Provisional entries (frozen after the panel, or changed since) are scored and shown, not
-ranked. The verdict is the panel's rule per item (:func:`benchmark.checklist.panel_items`), with
+ranked. The verdict is the panel's rule per item (:func:`benchmark.panel_rule.panel_items`), with
 its counts; where an estimator fails an item, the table's notes say on which cells.
 """
 
@@ -53,7 +53,7 @@ def season_board(panel: Any, docs: dict[str, dict], entries: dict[str, dict],
     import numpy as np
 
     from benchmark.causal.score import interval, paired_difference
-    from benchmark.checklist import panel_items, panel_verdict
+    from benchmark.panel_rule import panel_items, panel_verdict
     from benchmark.submissions.panel import _suite_of, entry_status, family_score, panel_score
     from benchmark.submissions.seasons import entry_power
 

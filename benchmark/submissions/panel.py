@@ -23,7 +23,7 @@ every machine from its pinned post-SFT checkpoint, and its trajectory hash
   of ``evaluate`` on the draw's release, so the board pairs entries draw by draw) and a summary:
   its **panel score** (the rank's interval: the draws held fixed), its **family interval** (the
   draws resampled too; it does not rank), item 11, the panel items by the panel's rule
-  (:func:`benchmark.checklist.panel_items`) and its panel verdict.
+  (:func:`benchmark.panel_rule.panel_items`) and its panel verdict.
 
 An entry is **ranked** when the panel lists it with the sha256 of its ``estimator.py``; one frozen
 (submitted or changed) later is **provisional**: scored on the panel and shown, not ranked, until
@@ -565,11 +565,12 @@ def panel_summary(public: dict, draws: list[dict], season: str) -> dict:
         ``{"causal_score": {point, lo, hi} | None`` (draws fixed: the rank's interval),
         ``"family": {point, lo, hi} | None`` (draws resampled), ``"per_draw": {id: {point, lo,
         hi} | None}, "item": item 11's checklist entry, "items": the panel rule per counted item
-        (:func:`benchmark.checklist.panel_items`), "verdict"}``: the verdict combines the panel
-        items with item 11 (:func:`benchmark.checklist.panel_verdict`).
+        (:func:`benchmark.panel_rule.panel_items`), "verdict"}``: the verdict combines the panel
+        items with item 11 (:func:`benchmark.panel_rule.panel_verdict`).
     """
     from benchmark.causal.score import interval, settings_of
-    from benchmark.checklist import ITEMS, live_item, panel_items, panel_verdict
+    from benchmark.checklist import ITEMS, live_item
+    from benchmark.panel_rule import panel_items, panel_verdict
 
     est = str(public["estimator"]["name"])
     level = settings_of(public.get("settings") or {}).level
